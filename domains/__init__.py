@@ -1,0 +1,1 @@
+"""Plug-in domains for speculate: text (Hugging Face causal LMs), rl (gymnasium), physics (Langevin)."""

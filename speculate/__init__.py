@@ -1,0 +1,1 @@
+"""speculate: exact speculative sampling."""
