@@ -22,11 +22,13 @@ from .langevin import (
 )
 from .lennard_jones import LennardJones, fcc_lattice, radial_distribution
 from .potentials import DoubleWell, MuellerBrown
+from .speculative import LangevinProcess, speculative_simulate
 
 __all__ = [
     "DoubleWell",
     "FrozenCorrection",
     "Langevin",
+    "LangevinProcess",
     "LennardJones",
     "MuellerBrown",
     "SimulationStats",
@@ -35,4 +37,5 @@ __all__ = [
     "frozen_correction",
     "radial_distribution",
     "simulate",
+    "speculative_simulate",
 ]

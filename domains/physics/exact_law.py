@@ -46,11 +46,15 @@ def binned_path_law(
     edges: Sequence[float],
     n: int,
     *,
+    observe: Sequence[int] | None = None,
     lo: float = -6.0,
     hi: float = 6.0,
     order: int = 24,
 ) -> dict[tuple[int, ...], float]:
-    """P(bin(x_1), ..., bin(x_n)) for the 1-D Euler-Maruyama chain of ``model`` started at x0.
+    """P(bin(x_t) for t in observe) for the 1-D Euler-Maruyama chain of ``model`` from x0.
+
+    ``observe``: the steps (in 1..n, default all of them) whose bins form the outcome, in
+    increasing order; the other steps are integrated out.
 
     ``edges`` are the inner bin edges, increasing; bin b is [edges[b-1], edges[b]) with
     edges[-1] = -inf and edges[len] = +inf. The force is called on arrays [M, 1, 1]. Mass outside
@@ -63,6 +67,9 @@ def binned_path_law(
         raise ValueError("binned_path_law: edges must be a strictly increasing 1-D sequence")
     if n < 1:
         raise ValueError("binned_path_law: n must be >= 1")
+    observe = set(range(1, n + 1)) if observe is None else set(int(t) for t in observe)
+    if not observe or not observe <= set(range(1, n + 1)):
+        raise ValueError(f"binned_path_law: observe must be a non-empty subset of 1..{n}")
     s = model.noise_scale
 
     def mean(x: np.ndarray) -> np.ndarray:
@@ -77,28 +84,30 @@ def binned_path_law(
 
     m0 = mean(np.array([float(x0)]))
     if n == 1:
-        p = bin_probs(m0)[0]
-        return {(b,): float(v) for b, v in enumerate(p)}
+        p = bin_probs(m0)[0] if 1 in observe else np.ones(1)
+        return {(b,) if 1 in observe else (): float(v) for b, v in enumerate(p)}
     x, w = _nodes(lo, hi, edges, s / 4.0, order)
     label = np.searchsorted(edges, x, side="right")             # bin of every node
-    dens = w * np.exp(-0.5 * ((x - m0[0]) / s) ** 2) / (s * np.sqrt(2 * np.pi))  # weight * p(x_1)
-    prefixes = {(): dens}
     mx = mean(x)
-    for _ in range(n - 2):                                      # propagate x_t -> x_{t+1}
-        K = np.exp(-0.5 * ((x[None, :] - mx[:, None]) / s) ** 2) / (s * np.sqrt(2 * np.pi))
-        nxt = {}
-        for pre, a in prefixes.items():
-            for b in range(len(edges) + 1):
-                sel = label == b
-                if sel.any():
-                    nxt[(*pre, b)] = (a[sel] @ K[sel]) * w
-        prefixes = nxt
-    last = bin_probs(mx)                                        # [M, nbins]
+    K = None
+    prefixes = {(): w * np.exp(-0.5 * ((x - m0[0]) / s) ** 2) / (s * np.sqrt(2 * np.pi))}
+    for t in range(1, n):                                       # prefixes: weight * density of x_t
+        if t in observe:
+            prefixes = {
+                (*pre, b): np.where(label == b, a, 0.0)
+                for pre, a in prefixes.items()
+                for b in range(len(edges) + 1)
+            }
+        if t < n - 1:
+            if K is None:
+                K = np.exp(-0.5 * ((x[None, :] - mx[:, None]) / s) ** 2) / (s * np.sqrt(2 * np.pi))
+            prefixes = {pre: (a @ K) * w for pre, a in prefixes.items()}
     law: dict[tuple[int, ...], float] = {}
+    last = bin_probs(mx)                                        # [M, nbins]: x_n given x_{n-1}
     for pre, a in prefixes.items():
-        for b in range(len(edges) + 1):
-            sel = label == b
-            probs = a[sel] @ last[sel] if sel.any() else np.zeros(len(edges) + 1)
-            for c, v in enumerate(probs):
-                law[(*pre, b, c)] = float(v)
+        if n in observe:
+            for c, v in enumerate(a @ last):
+                law[(*pre, c)] = float(v)
+        else:
+            law[pre] = float(a.sum())
     return law

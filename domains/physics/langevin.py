@@ -180,8 +180,14 @@ def check_steps(n_steps: Any, record_every: Any) -> None:
 
 @dataclass
 class SimulationStats:
-    """Counters of one run. ``target_calls`` counts calls of the exact force (each call may hold
-    many configurations); ``calls_per_step`` is the sequential depth per simulated step."""
+    """Counters of one run.
+
+    ``target_calls`` counts calls of the exact force (each call may hold many configurations);
+    ``calls_per_step`` = target_calls / steps is the sequential depth per simulated step;
+    ``acceptance_rate`` = accepted / proposed drafted steps; ``accepted_per_position[j]`` counts
+    (row, round) pairs that kept exactly j drafts; ``draft_truncations`` counts drafts cut short
+    by a non-finite draft force; ``core`` holds speculate.rounds.Stats of a speculative run.
+    """
 
     steps: int = 0
     target_calls: int = 0
@@ -194,6 +200,8 @@ class SimulationStats:
     draft_time: float = 0.0
     wall_time: float = 0.0
     accepted_per_position: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    draft_truncations: int = 0
+    lookahead_counts: dict = field(default_factory=dict)
     core: Any = None
 
     @property
@@ -236,12 +244,15 @@ class Recorder:
         self.positions[:, 0] = X0
         self.steps = np.arange(self.T, dtype=np.int64) * record_every
 
-    def record(self, row: int, step: int, X: np.ndarray) -> None:
-        """X [n, N, d]: the configurations at steps step+1 .. step+n of row."""
-        for j in range(X.shape[0]):
-            s = step + 1 + j
-            if s % self.every == 0:
-                self.positions[row, s // self.every] = X[j]
+    def record_block(
+        self, rows: np.ndarray, steps: np.ndarray, E: np.ndarray, n: np.ndarray
+    ) -> None:
+        """E [R, K, N, d]: row rows[i] took configurations E[i, :n[i]] at steps steps[i]+1 ...."""
+        j = np.arange(E.shape[1])[None, :]                          # [1, K]
+        s = steps[:, None] + 1 + j                                  # [R, K] step of E[i, j]
+        keep = (j < n[:, None]) & (s % self.every == 0)
+        i, jj = np.nonzero(keep)
+        self.positions[rows[i], s[i, jj] // self.every] = E[i, jj]
 
     def trajectory(self, final: np.ndarray, stats: SimulationStats, batched: bool) -> Trajectory:
         pos = self.positions if batched else self.positions[0]
