@@ -47,6 +47,7 @@ __all__ = [
     "extend_with_target",
     "greedy",
     "kernel_law",
+    "kernel_laws",
     "kernel_round_law",
     "residual",
     "round_law",
@@ -324,7 +325,7 @@ def target_joint_law(target: Conditional, V: int, L: int, prefix: Prefix = ()) -
                 if px:
                     new[(*seq, x)] += w * px
         laws = dict(new)
-    return laws
+    return dict(sorted(laws.items()))
 
 
 def block_quantities(
@@ -378,6 +379,20 @@ def _sequences(cond: _Cond, V: int, k: int, prefix: Prefix) -> list[tuple[Prefix
     return out
 
 
+def _stopped(cond, V, k, prefix, stop) -> list[tuple[Prefix, Fraction]]:
+    """Continuations drawn from ``cond`` until ``stop(prefix + drafts)`` or k drafts."""
+    out, live = [], [((), ONE)]
+    for _ in range(k):
+        new = []
+        for seq, w in live:
+            for x, px in enumerate(cond(prefix + seq)):
+                if px:
+                    s = (*seq, x)
+                    (out if stop(prefix + s) else new).append((s, w * px))
+        live = new
+    return out + live
+
+
 def _argmax(law: Sequence[Fraction]) -> int:
     return max(range(len(law)), key=lambda i: (law[i], -i))
 
@@ -423,7 +438,7 @@ def round_law(
         _block_round(T, D, Q, V, k, prefix, out)
     else:
         _multi_round(T, D, Q, V, k, m, prefix, out)
-    return dict(out)
+    return dict(sorted(out.items()))
 
 
 def _token_round(T, D, Q, k, prefix, acc, w, out) -> None:
@@ -549,7 +564,7 @@ def extend_with_target(
             continue
         for tail, pt in target_joint_law(T, V, L - len(block), tuple(prefix) + block).items():
             out[block + tail] += w * pt
-    return dict(out)
+    return dict(sorted(out.items()))
 
 
 def chain_joint_law(
@@ -595,7 +610,7 @@ def chain_joint_law(
             for b, pb in blocks.items():
                 new[seq + b] += w * pb
         laws = new
-    return dict(done)
+    return dict(sorted(done.items()))
 
 
 def _check_block_law(law: Mapping[Any, Any], V: int, where: Prefix) -> dict:
@@ -645,10 +660,18 @@ def _cdf_breaks(w: Sequence[Fraction]) -> set[Fraction]:
     return set(itertools.accumulate(x / total for x in w))
 
 
-def _exact_rows(a: Any, name: str) -> list:
-    """Nested sequences -> nested lists of Fractions equal to their float64 values."""
+def _exact_rows(a: Any, name: str, dtype: Any = np.float64) -> list:
+    """Nested sequences -> nested lists of Fractions equal to the values the kernel will see."""
     arr = np.asarray(a, dtype=object)
-    flat = [Fraction(float(_to_fraction(v, name))) for v in arr.reshape(-1)]
+    ftype = np.dtype(dtype).type
+    mant = np.finfo(dtype).nmant + 1
+    flat = []
+    for v in arr.reshape(-1):
+        f = _to_fraction(v, name)
+        d = f.denominator
+        if not (d & (d - 1) == 0 and abs(f.numerator) < 2**mant and d < 2**120):
+            f = Fraction(float(ftype(float(f))))  # round as the kernel's array will
+        flat.append(f)
     return np.array(flat, dtype=object).reshape(arr.shape).tolist()
 
 
@@ -769,7 +792,7 @@ def _kernel_case_laws(kernel, rule, cases, dtype, chunk: int = 1 << 16) -> list[
             key = tuple(int(v) for v in res)
             _check_output(key, rule, n, V, len(drafts), ci)
             law[key] += w
-        laws.append(dict(law))
+        laws.append(dict(sorted(law.items())))
     return laws
 
 
@@ -821,6 +844,70 @@ def _call_kernel(kernel, rule, arrays, sel, u):
     return np.stack([np.asarray(n_acc), np.asarray(nxt)], axis=1)
 
 
+def kernel_laws(
+    kernel: Callable[..., Any], cases: Sequence[Sequence[Any]], rule: str = "token",
+    dtype: Any = np.float64,
+) -> list[dict[tuple[int, ...], Fraction]]:
+    """:func:`kernel_law` for many rows at once (one batched kernel call): faster.
+
+    ``cases`` is a sequence of ``(p, q, drafts)`` or ``(p, q, drafts, length)``; all cases must
+    have the same K, V (and m). Returns one law per case, in order.
+
+    >>> from speculate.verify import verify_token
+    >>> case = ([[0.5, 0.5], [0.5, 0.5]], [[0.75, 0.25]], [0])
+    >>> kernel_laws(verify_token, [case, case])[1] == kernel_law(verify_token, *case)
+    True
+    """
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
+    prepared = []
+    shapes = set()
+    for ci, case in enumerate(cases):
+        if len(case) not in (3, 4):
+            raise ValueError(f"case {ci} must be (p, q, drafts) or (p, q, drafts, length)")
+        p, q, drafts = case[:3]
+        length = case[3] if len(case) == 4 else None
+        p = _exact_rows(p, f"case {ci}: p", dtype)
+        d = np.asarray(drafts, dtype=np.int64)
+        V = len(p[0][0]) if rule == "multi" else len(p[0])
+        K = d.shape[-1]
+        shape = (np.asarray(p, dtype=object).shape, d.shape)
+        shapes.add(shape)
+        if len(shapes) > 1:
+            raise ValueError(f"case {ci} has shapes {shape}, unlike the first case's")
+        if rule == "multi" and np.asarray(p, dtype=object).shape[:2] != (d.shape[0], K + 1):
+            raise ValueError(f"case {ci}: p must be [m][K+1][V] for drafts [m][K] = {d.shape}")
+        if rule != "multi" and len(p) != K + 1:
+            raise ValueError(f"case {ci}: p must have K + 1 = {K + 1} rows, got {len(p)}")
+        if rule == "greedy":
+            q = [[ZERO] * V for _ in range(K)]
+        else:
+            q = _exact_rows(q, f"case {ci}: q", dtype)
+        n = K if length is None else int(length)
+        if not 0 <= n <= K:
+            raise ValueError(f"case {ci}: length {n} outside [0, K = {K}]")
+        if ((d < 0) | (d >= V)).any():
+            raise ValueError(f"case {ci}: drafts {d.tolist()} outside range(V = {V})")
+        prepared.append((p, q, d.tolist(), n))
+    if not prepared:
+        return []
+    return _dedup_laws(kernel, rule, prepared, dtype)
+
+
+def _dedup_laws(kernel, rule, cases, dtype) -> list[dict]:
+    """_kernel_case_laws on the distinct cases only."""
+    index: dict = {}
+    keys = []
+    for p, q, d, n in cases:
+        key = (repr(p), repr(q), repr(d), n)
+        keys.append(index.setdefault(key, len(index)))
+    distinct = [None] * len(index)
+    for case, i in zip(cases, keys, strict=True):
+        distinct[i] = case
+    laws = _kernel_case_laws(kernel, rule, distinct, dtype)
+    return [laws[i] for i in keys]
+
+
 def kernel_law(
     kernel: Callable[..., Any], p: Any, q: Any, drafts: Any, rule: str = "token",
     length: int | None = None, dtype: Any = np.float64,
@@ -835,32 +922,18 @@ def kernel_law(
     each piece. Returns ``{(n_accepted, next_outcome[, branch]): probability}``, exact for the
     float64 (``dtype``) values the kernel sees.
 
-    >>> from speculate.verify import verify_token  # doctest: +SKIP
-    >>> kernel_law(verify_token, [[0.5, 0.5], [0.5, 0.5]], [[0.75, 0.25]], [0])  # doctest: +SKIP
+    >>> from speculate.verify import verify_token
+    >>> kernel_law(verify_token, [[0.5, 0.5], [0.5, 0.5]], [[0.75, 0.25]], [0])
     {(0, 1): Fraction(1, 3), (1, 0): Fraction(1, 3), (1, 1): Fraction(1, 3)}
     """
-    if rule not in RULES:
-        raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
-    p = _exact_rows(p, "p")
-    d = np.asarray(drafts, dtype=np.int64)
-    V = len(p[0][0]) if rule == "multi" else len(p[0])
-    K = d.shape[-1]
-    if rule == "greedy":
-        q = [[ZERO] * V for _ in range(K)]
-    else:
-        q = _exact_rows(q, "q")
-    n = K if length is None else int(length)
-    if not 0 <= n <= K:
-        raise ValueError(f"length {n} outside [0, K = {K}]")
-    if ((d < 0) | (d >= V)).any():
-        raise ValueError(f"drafts {d.tolist()} contain an outcome outside range(V = {V})")
-    return _kernel_case_laws(kernel, rule, [(p, q, d.tolist(), n)], dtype)[0]
+    return kernel_laws(kernel, [(p, q, drafts, length)], rule, dtype)[0]
 
 
 def kernel_round_law(
     kernel: Callable[..., Any], target: Conditional, draft: Conditional, V: int, k: int,
     rule: str = "token", m: int = 1, prefix: Prefix = (), length: int | None = None,
     proposal: Conditional | None = None, dtype: Any = np.float64,
+    stop: Callable[[Prefix], bool] | None = None,
 ) -> SeqLaw:
     """Exact law of the block one round emits when ``kernel`` does the verification.
 
@@ -868,14 +941,16 @@ def kernel_round_law(
     (default ``k``; positions past it are filled with a decoy the kernel must ignore), builds the
     kernel's ``p``/``q`` arrays from the chains, and weighs :func:`kernel_law` by the drafts'
     probabilities. ``proposal``: the law the drafts are really drawn from (default ``draft``).
+    ``stop(prefix + drafts so far)``: the draft stops early when it returns True (a stopping time,
+    as a confidence-based draft length; not for ``"multi"``).
     Compare with :func:`round_law`, or chain it: ``chain_joint_law(..., rule=lambda s:
     kernel_round_law(kernel, T, D, V, k, prefix=s))``.
 
-    >>> from speculate.verify import verify_block  # doctest: +SKIP
-    >>> T = lambda s: [Fraction(1, 2), Fraction(1, 2)]  # doctest: +SKIP
-    >>> D = lambda s: [Fraction(3, 4), Fraction(1, 4)]  # doctest: +SKIP
-    >>> law = kernel_round_law(verify_block, T, D, V=2, k=2, rule="block")  # doctest: +SKIP
-    >>> law == round_law(T, D, V=2, k=2, rule="block")  # doctest: +SKIP
+    >>> from speculate.verify import verify_block
+    >>> T = lambda s: [Fraction(1, 2), Fraction(1, 2)]
+    >>> D = lambda s: [Fraction(3, 4), Fraction(1, 4)]
+    >>> law = kernel_round_law(verify_block, T, D, V=2, k=2, rule="block")
+    >>> law == round_law(T, D, V=2, k=2, rule="block")
     True
     """
     _check_V(V)
@@ -891,27 +966,31 @@ def kernel_round_law(
     prefix = tuple(prefix)
     decoy_p = [ZERO] * (V - 1) + [ONE]  # a kernel reading past `length` accepts the decoy
     decoy_q = [Fraction(1, V)] * V
-    seqs = _sequences(Q, V, n, prefix)
+    if stop is not None and rule == "multi":
+        raise ValueError("stop= (ragged branch lengths) is not supported for rule='multi'")
+    seqs = _sequences(Q, V, n, prefix) if stop is None else _stopped(Q, V, n, prefix, stop)
     configs = list(itertools.product(seqs, repeat=m)) if rule == "multi" else [(s,) for s in seqs]
     cases, weights, branches_of = [], [], []
     for config in configs:
         w = ONE
         ps, qs, ds = [], [], []
         for xs, wx in config:
+            n = len(xs)
             w *= wx
             ps.append([T(prefix + xs[:i]) for i in range(n + 1)] + [decoy_p] * (k - n))
             qs.append([D(prefix + xs[:i]) for i in range(n)] + [decoy_q] * (k - n))
             ds.append(list(xs) + [V - 1] * (k - n))
         if rule == "multi":
-            cases.append((_exact_rows(ps, "p"), _exact_rows(qs, "q"), ds, n))
+            cases.append((_exact_rows(ps, "p", dtype), _exact_rows(qs, "q", dtype), ds, n))
         else:
-            cases.append((_exact_rows(ps[0], "p"), _exact_rows(qs[0], "q"), ds[0], n))
+            cases.append((_exact_rows(ps[0], "p", dtype), _exact_rows(qs[0], "q", dtype),
+                          ds[0], n))
         weights.append(w)
         branches_of.append([c[0] for c in config])
-    laws = _kernel_case_laws(kernel, rule, cases, dtype)
+    laws = _dedup_laws(kernel, rule, cases, dtype)
     out: SeqLaw = defaultdict(Fraction)
     for w, branches, law in zip(weights, branches_of, laws, strict=True):
         for key, pw in law.items():
             br = branches[key[2]] if rule == "multi" else branches[0]
-            out[(*tuple(br[:key[0]]), key[1])] += w * pw
-    return dict(out)
+            out[(*br[: key[0]], key[1])] += w * pw
+    return dict(sorted(out.items()))
