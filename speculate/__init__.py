@@ -1,1 +1,35 @@
-"""speculate: exact speculative sampling."""
+"""speculate: exact speculative sampling. Make slow stochastic pipelines fast without changing what they compute.
+
+>>> import speculate as sp
+>>> y, kept = sp.speculative_sample(sp.Categorical(probs=[0.6, 0.4]), sp.Categorical(probs=[0.8, 0.2]), rng=0)
+"""
+
+from . import theory
+from ._single import ResidualSamplingError
+from .chain import Trajectories, Trajectory, batched, chain, chains
+from .distributions import Categorical, Distribution, Normal, PointMass, from_scipy, from_torch
+from .engine import SpeculationResult, speculate, speculative_sample
+from .rounds import Process, Proposal, Stats
+
+__all__ = [
+    "Categorical",
+    "Distribution",
+    "Normal",
+    "PointMass",
+    "Process",
+    "Proposal",
+    "ResidualSamplingError",
+    "SpeculationResult",
+    "Stats",
+    "Trajectories",
+    "Trajectory",
+    "batched",
+    "chain",
+    "chains",
+    "from_scipy",
+    "from_torch",
+    "speculate",
+    "speculative_sample",
+    "theory",
+]
+__version__ = "0.1.0"

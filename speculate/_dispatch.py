@@ -1,0 +1,175 @@
+"""Route one round's verification to the right rule: Numba kernels for batched Categorical or
+equal-scale Normal proposals, the one-step rule of ``_single`` position by position otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._single import verify_one
+from .distributions import Categorical, Normal, PointMass, as_distribution
+from .verify import verify_block, verify_gaussian, verify_greedy, verify_multi, verify_token
+
+RULES = ("token", "block", "greedy")
+
+
+def verify_round(target: Any, proposal: Any, rule: str, m: int, k: int, R: int, rng: np.random.Generator):
+    """Return (n_accepted [R], next outcomes (array or list), branch [R])."""
+    lengths = _lengths(proposal.lengths, R, m, k)
+    if isinstance(target, Categorical) and (proposal.dists is None or isinstance(proposal.dists, Categorical)):
+        return _categorical(target, proposal, rule, m, k, R, lengths, rng)
+    if isinstance(target, Normal) and isinstance(proposal.dists, Normal):
+        if rule != "token" or m != 1:
+            raise ValueError(
+                f"verify={rule!r} with drafts={m} needs Categorical distributions; Normal transitions "
+                "are verified token-wise (verify='token', drafts=1)"
+            )
+        return _normal(target, proposal, k, R, lengths, rng)
+    if rule == "block" or m != 1:
+        raise ValueError(
+            "block and multi-draft verification need Categorical target and draft distributions, "
+            f"got target {type(target).__name__} and draft {type(proposal.dists).__name__}"
+        )
+    return _general(target, proposal, rule, k, R, lengths, rng)
+
+
+def _lengths(lengths: Any, R: int, m: int, k: int) -> np.ndarray:
+    shape = (R,) if m == 1 else (R, m)
+    if lengths is None:
+        return np.full(shape, k, np.int64)
+    a = np.asarray(lengths, dtype=np.int64)
+    if m != 1 and a.shape == (R,):
+        a = np.repeat(a[:, None], m, axis=1)
+    if a.shape != shape:
+        raise ValueError(f"proposal lengths must have shape {shape}, got {a.shape}")
+    if a.size and (a.min() < 0 or a.max() > k):
+        raise ValueError(f"proposal lengths must lie in 0..{k}")
+    return a
+
+
+def _categorical(target, proposal, rule, m, k, R, lengths, rng):
+    shape = (R, k + 1) if m == 1 else (R, m, k + 1)
+    if target.batch_shape != shape:
+        raise ValueError(
+            f"target must score {shape} states (rows, {'branches, ' if m > 1 else ''}k+1 positions) "
+            f"in one call, got a Categorical with batch shape {target.batch_shape}"
+        )
+    p, V = target.probs, target.num_outcomes
+    outcomes = np.asarray(proposal.outcomes)
+    oshape = (*shape[:-1], k)
+    if k == 0:
+        outcomes = np.zeros(oshape, np.int64)
+    if outcomes.shape != oshape:
+        raise ValueError(f"drafted outcomes must have shape {oshape}, got {outcomes.shape}")
+    if rule == "greedy":
+        if m != 1:
+            raise ValueError("greedy verification takes one draft branch (drafts=1)")
+        n, nxt = verify_greedy(p, outcomes, lengths)
+        return n, nxt, np.zeros(R, np.int64)
+    q = _draft_probs(proposal.dists, outcomes, oshape, V, p.dtype)
+    u_next = rng.random(R)
+    if m == 1:
+        u_accept = rng.random((R, k))
+        fn = verify_token if rule == "token" else verify_block
+        n, nxt = fn(p, q, outcomes, lengths, u_accept, u_next)
+        return n, nxt, np.zeros(R, np.int64)
+    if rule != "token":
+        raise ValueError(f"multi-draft (drafts={m}) uses recursive rejection: pass verify='token'")
+    return verify_multi(p, q, outcomes, lengths, rng.random((R, k, m)), u_next)
+
+
+def _draft_probs(dists, outcomes, oshape, V, dtype):
+    if dists is None:  # deterministic drafts (e.g. n-gram lookup): point masses at the outcomes
+        q = np.zeros((*oshape, V), dtype)
+        if outcomes.size:
+            if outcomes.min() < 0 or outcomes.max() >= V:
+                raise ValueError(f"drafted outcome outside 0..{V - 1}")
+            np.put_along_axis(q, outcomes[..., None], 1.0, axis=-1)
+        return q
+    if not isinstance(dists, Categorical):
+        raise ValueError(
+            f"the target is Categorical but the draft distributions are {type(dists).__name__}: "
+            "give a batched speculate.Categorical (or None for point-mass drafts)"
+        )
+    if dists.num_outcomes != V:
+        raise ValueError(f"vocabulary mismatch: target has {V} outcomes, draft has {dists.num_outcomes}")
+    if dists.batch_shape != oshape:
+        raise ValueError(f"draft distributions must have batch shape {oshape}, got {dists.batch_shape}")
+    return dists.probs
+
+
+def _normal(target, proposal, k, R, lengths, rng):
+    draft = proposal.dists
+    if target.batch_shape != (R, k + 1) or draft.batch_shape != (R, k):
+        raise ValueError(
+            f"target Normal must have batch shape {(R, k + 1)} and draft {(R, k)}, got "
+            f"{target.batch_shape} and {draft.batch_shape}"
+        )
+    if target.event_shape != draft.event_shape:
+        raise ValueError(f"event shapes differ: target {target.event_shape}, draft {draft.event_shape}")
+    ev = target.event_shape
+    D = int(np.prod(ev, dtype=np.int64))
+    sp = np.broadcast_to(target.scale, target.loc.shape)
+    sq = np.broadcast_to(draft.scale, draft.loc.shape)
+    if not np.array_equal(sp[:, :k], sq):
+        return _general(target, proposal, "token", k, R, lengths, rng)
+    x = np.asarray(proposal.outcomes, dtype=np.float64)
+    if x.shape != (R, k, *ev):
+        raise ValueError(f"drafted outcomes must have shape {(R, k, *ev)}, got {x.shape}")
+    n, nxt = verify_gaussian(
+        target.loc.reshape(R, k + 1, D),
+        draft.loc.reshape(R, k, D),
+        sp.reshape(R, k + 1, D),
+        x.reshape(R, k, D),
+        lengths,
+        rng.random((R, k)),
+        rng.standard_normal((R, D)),
+    )
+    return n, nxt.reshape(R, *ev), np.zeros(R, np.int64)
+
+
+def _at(d: Any, r: int, i: int) -> Any:
+    if isinstance(d, (Categorical, Normal)):
+        if len(d.batch_shape) != 2:
+            raise ValueError(f"batched distributions need batch shape (rows, positions), got {d.batch_shape}")
+        return d[r][i]
+    return as_distribution(d[r][i])
+
+
+def _general(target, proposal, rule, k, R, lengths, rng):
+    """Position by position with the one-step rule (token-wise), or exact match (greedy)."""
+    n_out = np.zeros(R, np.int64)
+    nxt: list[Any] = [None] * R
+    for r in range(R):
+        L = int(lengths[r])
+        n = 0
+        while n < L:
+            p = _at(target, r, n)
+            x = proposal.outcomes[r][n]
+            if rule == "greedy":
+                y = _greedy_value(p)
+                kept = _equal(x, y)
+            else:
+                y, kept = verify_one(p, _at(proposal.dists, r, n), x, rng)
+            if not kept:
+                break
+            n += 1
+        if n == L:
+            p = _at(target, r, L)
+            y = _greedy_value(p) if rule == "greedy" else p.sample(rng)
+        n_out[r], nxt[r] = n, y
+    return n_out, nxt, np.zeros(R, np.int64)
+
+
+def _greedy_value(p: Any) -> Any:
+    if isinstance(p, PointMass):
+        return p.value
+    if isinstance(p, Categorical) and not p.batch_shape:
+        return int(np.argmax(p.probs))
+    raise ValueError(f"verify='greedy' needs point-mass or Categorical targets (argmax), got {type(p).__name__}")
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return PointMass(b).log_prob(a) == 0.0

@@ -1,0 +1,302 @@
+"""chain() and chains(): speculative sampling of any Markov process given as three functions.
+
+- ``target(states)`` scores a list of states in ONE call and returns one distribution per state:
+  a batched :class:`Categorical` / :class:`Normal` with batch shape ``(len(states),)``, or a
+  sequence of distributions (plain values mean point masses).
+- ``draft(state)`` returns the draft distribution at one state; decorate it with
+  :func:`batched` if it takes a list of states and returns one distribution per state.
+- ``step(state, outcome)`` returns the next state. It must NOT mutate ``state``: drafted states
+  are branches, and rejected ones are simply dropped. (Domains whose state is costly to copy, such
+  as KV caches or simulators, implement the Process protocol of ``speculate.rounds`` instead.)
+- ``stop(state, outcome)`` (optional) ends a chain after an outcome (an end-of-sequence token, a
+  terminal state); the outcome that stops it is included.
+
+The outcomes are jointly distributed exactly as sampling ``target`` step by step (proofs/05).
+
+>>> import numpy as np, speculate as sp
+>>> P = np.array([[0.9, 0.1], [0.2, 0.8]])            # a two-state Markov chain
+>>> target = lambda states: sp.Categorical(probs=P[np.array(states)])
+>>> draft = lambda s: sp.Categorical(probs=[[0.8, 0.2], [0.3, 0.7]][s])
+>>> traj = sp.chain(target, draft, lambda s, x: x, 0, n=50, lookahead=4, rng=0)
+>>> len(traj.samples), traj.state == traj.samples[-1], traj.stats.target_calls < 50
+(50, True, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .distributions import Categorical, Normal, as_distribution
+from .rounds import Proposal, Stats, run
+
+__all__ = ["Trajectories", "Trajectory", "batched", "chain", "chains"]
+
+
+def batched(fn: Callable) -> Callable:
+    """Mark a draft function as batched: it takes a list of states and returns one distribution each."""
+    fn.batched = True  # type: ignore[attr-defined]
+    return fn
+
+
+@dataclass
+class Trajectory:
+    samples: list  #: the n outcomes in order
+    state: Any  #: the final state
+    stats: Stats
+
+
+@dataclass
+class Trajectories:
+    samples: list  #: per chain, its outcomes in order
+    states: list  #: per chain, its final state
+    stats: Stats  #: counters of the whole run
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Trajectory:
+        return Trajectory(self.samples[i], self.states[i], self.stats)
+
+
+def _split(out: Any, count: int, who: str) -> list:
+    """One distribution per state from a batched distribution or a sequence."""
+    if isinstance(out, (Categorical, Normal)):
+        if len(out.batch_shape) != 1 or out.batch_shape[0] != count:
+            raise ValueError(
+                f"{who} returned a distribution with batch shape {out.batch_shape} for {count} states; "
+                f"expected batch shape ({count},)"
+            )
+        return [out[i] for i in range(count)]
+    try:
+        seq = list(out)
+    except TypeError:
+        raise ValueError(f"{who} must return one distribution per state, got {type(out).__name__}") from None
+    if len(seq) != count:
+        raise ValueError(f"{who} returned {len(seq)} distributions for {count} states")
+    return [as_distribution(d) for d in seq]
+
+
+def _stack(dists: list, shape: tuple[int, ...]) -> Any:
+    """Stack unbatched distributions into one batched one of batch ``shape`` when they are all alike;
+    otherwise nested lists ``[rows][positions]`` (None when ``shape`` has branches)."""
+    if dists and all(isinstance(d, Categorical) and not d.batch_shape for d in dists):
+        if len({d.num_outcomes for d in dists}) == 1:
+            return Categorical(probs=np.stack([d.probs for d in dists]).reshape(*shape, -1), validate=False)
+    if dists and all(isinstance(d, Normal) and not d.batch_shape for d in dists):
+        if len({d.loc.shape for d in dists}) == 1:
+            ev = dists[0].loc.shape
+            loc = np.stack([d.loc for d in dists]).reshape(*shape, *ev)
+            scale = np.stack([np.broadcast_to(d.scale, ev) for d in dists]).reshape(*shape, *ev)
+            return Normal(loc, scale, batch_ndims=len(shape), validate=False)
+    if len(shape) != 2:
+        return None
+    it = iter(dists)
+    return [[next(it) for _ in range(shape[1])] for _ in range(shape[0])]
+
+
+def _reshape(out: Any, shape: tuple[int, ...]) -> Any:
+    if isinstance(out, Categorical):
+        return out.reshape(*shape)
+    ev = out.event_shape
+    scale = np.broadcast_to(out.scale, out.loc.shape).reshape(*shape, *ev)
+    return Normal(out.loc.reshape(*shape, *ev), scale, batch_ndims=len(shape), validate=False)
+
+
+def _batch(out: Any, count: int, who: str) -> Any:
+    """A batched Categorical/Normal of batch shape (count,), stacking a sequence when possible;
+    otherwise the list of distributions."""
+    if isinstance(out, (Categorical, Normal)) and out.batch_shape == (count,):
+        return out
+    dists = _split(out, count, who)
+    stacked = _stack(dists, (count,))
+    return stacked if stacked is not None and not isinstance(stacked, list) else dists
+
+
+class _FunctionProcess:
+    """The Process protocol for a user's (target, draft, step) functions.
+
+    Drafting advances all live branches of all active rows together, one draft step at a time, so a
+    batched draft is called k times per round, and sampling is vectorised whenever the draft
+    distributions are Categorical or Normal.
+    """
+
+    def __init__(self, target, draft, step, states, stop):
+        self.target, self.draft, self.step, self.stop = target, draft, step, stop
+        self.states = list(states)
+        self._batched = bool(getattr(draft, "batched", False))
+
+    def _draft_step(self, states: list) -> Any:
+        if self._batched:
+            return _batch(self.draft(states), len(states), "draft")
+        return _batch([self.draft(s) for s in states], len(states), "draft")
+
+    def propose(self, rows, k, m, rng):
+        R = len(rows)
+        P = R * m  # branches, row-major: branch j of row i is pair i * m + j
+        paths = [[self.states[rows[p // m]]] for p in range(P)]
+        steps = []  # per draft step: (live pair indices, distributions, outcomes)
+        lengths = np.zeros(P, np.int64)
+        self._stopped = {}
+        live = np.arange(P)
+        for _ in range(k):
+            if live.size == 0:
+                break
+            d = self._draft_step([paths[p][-1] for p in live])
+            xs = d.sample(rng) if not isinstance(d, list) else [di.sample(rng) for di in d]
+            still = []
+            for t, p in enumerate(live):
+                s, x = paths[p][-1], xs[t]
+                paths[p].append(self.step(s, x))
+                lengths[p] += 1
+                if self.stop is not None and self.stop(s, x):
+                    self._stopped[p] = int(lengths[p]) - 1
+                else:
+                    still.append(p)
+            steps.append((live, d, xs))
+            live = np.array(still, np.int64)
+        for path in paths:  # pad stopped branches: the target scores k+1 states each, extras unused
+            path.extend([path[-1]] * (k + 1 - len(path)))
+        self._paths, self._m = paths, m
+        shape = (R, k) if m == 1 else (R, m, k)
+        lengths = lengths.reshape(R, m)[:, 0] if m == 1 else lengths.reshape(R, m)
+        if k == 0:
+            return Proposal(np.zeros(shape, np.int64), None, lengths)
+        kinds = {type(d) for _, d, _ in steps}
+        if kinds == {Categorical} and len({d.num_outcomes for _, d, _ in steps}) == 1:
+            V = steps[0][1].num_outcomes
+            q = np.zeros((P, k, V), np.result_type(*[d.dtype for _, d, _ in steps]))
+            x = np.zeros((P, k), np.int64)
+            for i, (lv, d, xs) in enumerate(steps):
+                q[lv, i], x[lv, i] = d.probs, xs
+            return Proposal(x.reshape(shape), Categorical(probs=q.reshape(*shape, V), validate=False), lengths)
+        if kinds == {Normal} and len({d.event_shape for _, d, _ in steps}) == 1:
+            ev = steps[0][1].event_shape
+            loc, scale = np.zeros((P, k, *ev)), np.ones((P, k, *ev))
+            x = np.zeros((P, k, *ev))
+            for i, (lv, d, xs) in enumerate(steps):
+                loc[lv, i], scale[lv, i], x[lv, i] = (
+                    d.loc,
+                    np.broadcast_to(d.scale, d.loc.shape),
+                    xs,
+                )
+            q = Normal(
+                loc.reshape(*shape, *ev),
+                scale.reshape(*shape, *ev),
+                batch_ndims=len(shape),
+                validate=False,
+            )
+            return Proposal(x.reshape(*shape, *ev), q, lengths)
+        if m != 1:
+            raise ValueError("multi-draft (drafts > 1) needs Categorical draft distributions")
+        qs = [[None] * k for _ in range(R)]
+        xl = [[None] * k for _ in range(R)]
+        for i, (lv, d, xs) in enumerate(steps):
+            for t, p in enumerate(lv):
+                qs[p][i] = d[t]
+                xl[p][i] = xs[t]
+        return Proposal(xl, qs, lengths)
+
+    def score(self, rows, proposal):
+        m, paths = self._m, self._paths
+        k1 = len(paths[0])
+        flat = [s for path in paths for s in path]
+        shape = (len(rows), k1) if m == 1 else (len(rows), m, k1)
+        out = _batch(self.target(flat), len(flat), "target")
+        if isinstance(out, (Categorical, Normal)):
+            return _reshape(out, shape)
+        if m != 1:
+            raise ValueError("multi-draft (drafts > 1) needs Categorical target distributions")
+        return [out[i * k1 : (i + 1) * k1] for i in range(len(rows))]
+
+    def commit(self, rows, emitted, n_accepted, branch):
+        R, m = len(rows), self._m
+        n_used = np.zeros(R, np.int64)
+        done = np.zeros(R, bool)
+        for i, r in enumerate(rows):
+            p, e, a = i * m + int(branch[i]), emitted[i], int(n_accepted[i])
+            path = self._paths[p]
+            stop_at = self._stopped.get(p)
+            if stop_at is not None and stop_at < min(len(e), a):
+                n_used[i], done[i] = stop_at + 1, True
+                self.states[r] = path[stop_at + 1]
+            elif len(e) > a:
+                y = e[a]
+                self.states[r] = self.step(path[a], y)
+                n_used[i] = len(e)
+                done[i] = self.stop is not None and bool(self.stop(path[a], y))
+            else:
+                n_used[i] = len(e)
+                self.states[r] = path[len(e)]
+        return n_used, done
+
+
+def chains(
+    target: Callable[[list], Any],
+    draft: Callable[[Any], Any],
+    step: Callable[[Any, Any], Any],
+    states: list,
+    n: int | list[int],
+    *,
+    lookahead: int | str = 4,
+    verify: str = "token",
+    drafts: int = 1,
+    stop: Callable[[Any, Any], bool] | None = None,
+    rng: int | np.random.Generator | None = None,
+    max_lookahead: int = 16,
+) -> Trajectories:
+    """Advance B independent chains together: one target call per round for all B x (k+1) states.
+
+    Each chain stops at ``n`` outcomes (an int, or one per chain) or at ``stop``; finished chains
+    drop out without stalling the others. ``verify``: ``"token"`` (Leviathan et al.), ``"block"``
+    (Sun et al.; Categorical only), ``"greedy"`` (point-mass or argmax targets); ``drafts=m`` > 1
+    drafts m independent branches per round, verified by recursive rejection (Categorical only).
+    ``lookahead``: k drafts per round, or ``"auto"`` (see speculate.rounds).
+    """
+    states = list(states)
+    proc = _FunctionProcess(target, draft, step, states, stop)
+    res = run(
+        proc,
+        len(states),
+        n,
+        lookahead=lookahead,
+        verify=verify,
+        drafts=drafts,
+        rng=rng,
+        max_lookahead=max_lookahead,
+    )
+    return Trajectories(res.samples, proc.states, res.stats)
+
+
+def chain(
+    target: Callable[[list], Any],
+    draft: Callable[[Any], Any],
+    step: Callable[[Any, Any], Any],
+    state: Any,
+    n: int,
+    *,
+    lookahead: int | str = 4,
+    verify: str = "token",
+    drafts: int = 1,
+    stop: Callable[[Any, Any], bool] | None = None,
+    rng: int | np.random.Generator | None = None,
+    max_lookahead: int = 16,
+) -> Trajectory:
+    """Sample ``n`` outcomes of one chain speculatively; see :func:`chains` for the arguments."""
+    res = chains(
+        target,
+        draft,
+        step,
+        [state],
+        n,
+        lookahead=lookahead,
+        verify=verify,
+        drafts=drafts,
+        stop=stop,
+        rng=rng,
+        max_lookahead=max_lookahead,
+    )
+    return res[0]

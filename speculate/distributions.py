@@ -1,0 +1,416 @@
+"""Distributions the engine verifies: Categorical, Normal, PointMass, and adapters for scipy and torch.
+
+Every distribution follows a small protocol (see :class:`Distribution`): ``sample(rng)`` and
+``log_prob(y)``, plus an optional ``discrete`` flag. The engine recognises the built-in kinds and
+uses the exact residual for each: normalised ``(p - q)+`` for Categorical, reflection maximal
+coupling for two Normals with equal scale, rejection from ``p`` for anything else.
+
+>>> import numpy as np, speculate as sp
+>>> p = sp.Categorical(probs=[0.5, 0.25, 0.25])
+>>> p.sample(np.random.default_rng(0)) in (0, 1, 2)
+True
+>>> float(np.exp(p.log_prob(1)))
+0.25
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .verify._sample import check_probs, draw_rows
+
+__all__ = [
+    "Categorical",
+    "Distribution",
+    "Normal",
+    "PointMass",
+    "as_distribution",
+    "from_scipy",
+    "from_torch",
+]
+
+_SUM_TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-6}
+
+
+@runtime_checkable
+class Distribution(Protocol):
+    """The protocol a user's distribution follows.
+
+    Required: ``sample(rng)`` returns one outcome using the numpy Generator ``rng`` (and no other
+    source of randomness, so that seeds reproduce); ``log_prob(y)`` returns the log density (continuous)
+    or log mass (discrete) of ``y`` as a float, ``-inf`` outside the support.
+
+    Optional: ``discrete`` (bool): True for a mass function, False for a density. Draft and target
+    must agree; when absent, they are assumed to be of the same kind.
+    """
+
+    def sample(self, rng: np.random.Generator) -> Any: ...
+
+    def log_prob(self, y: Any) -> float: ...
+
+
+def _as_float_array(x: Any, what: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"{what} must be numeric, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise TypeError(f"{what} must be real, got dtype {arr.dtype}")
+    if arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float64)
+    return arr
+
+
+def _first_index(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def _explain_bad_probs(pr: np.ndarray, sums: np.ndarray, tol: float) -> None:
+    bad = ~np.isfinite(pr)
+    if bad.any():
+        raise ValueError(f"Categorical probs contain NaN or inf at index {_first_index(bad)}")
+    neg = pr < 0
+    if neg.any():
+        i = _first_index(neg)
+        raise ValueError(f"Categorical probs are negative at index {i}: {pr[i]}")
+    off = np.atleast_1d(np.abs(sums - 1.0) > tol)
+    i = _first_index(off)
+    where = f" (batch index {i})" if pr.ndim > 1 else ""
+    raise ValueError(
+        f"Categorical probs sum to {float(np.atleast_1d(sums)[i])!r}{where}, not 1 within {tol}: "
+        "pass normalised probabilities, or logits="
+    )
+
+
+class Categorical:
+    """A categorical distribution over outcomes ``0..V-1`` (last axis), with optional batch axes.
+
+    Give exactly one of ``probs`` (non-negative, each row summing to 1 within a tolerance of 1e-4 for
+    float32 and 1e-6 for float64, then renormalised exactly) or ``logits`` (finite or -inf; softmax
+    taken in float64). float32 and float64 are kept as given; other numeric types become float64.
+    ``validate=False`` skips the checks (for probabilities straight from a softmax on a hot path).
+
+    >>> import numpy as np, speculate as sp
+    >>> d = sp.Categorical(logits=np.zeros((2, 3)))   # a batch of two uniform rows
+    >>> d.batch_shape, d.num_outcomes
+    ((2,), 3)
+    >>> d[1].probs.tolist()
+    [0.3333333333333333, 0.3333333333333333, 0.3333333333333333]
+    """
+
+    discrete = True
+
+    def __init__(
+        self,
+        probs: Any = None,
+        logits: Any = None,
+        *,
+        validate: bool = True,
+        atol: float | None = None,
+    ) -> None:
+        if (probs is None) == (logits is None):
+            raise ValueError("Categorical takes exactly one of probs= or logits=")
+        if logits is not None:
+            lg = _as_float_array(logits, "Categorical logits")
+            if lg.ndim == 0 or lg.shape[-1] == 0:
+                raise ValueError(f"Categorical logits need a non-empty last axis, got shape {lg.shape}")
+            if validate:
+                bad = np.isnan(lg) | (lg == np.inf)
+                if bad.any():
+                    raise ValueError(f"Categorical logits contain NaN or +inf at index {_first_index(bad)}")
+            l64 = lg.astype(np.float64)
+            top = np.max(l64, axis=-1, keepdims=True)
+            if validate and np.any(top == -np.inf):
+                raise ValueError("Categorical logits: a row has every logit -inf (no outcome possible)")
+            e = np.exp(l64 - top)
+            self.probs = (e / e.sum(axis=-1, keepdims=True)).astype(lg.dtype)
+            return
+        pr = _as_float_array(probs, "Categorical probs")
+        if pr.ndim == 0 or pr.shape[-1] == 0:
+            raise ValueError(f"Categorical probs need a non-empty last axis, got shape {pr.shape}")
+        if validate:
+            tol = _SUM_TOLERANCE[pr.dtype] if atol is None else atol
+            flat = np.ascontiguousarray(pr.reshape(-1, pr.shape[-1]))
+            status, _, _, sums = check_probs(flat, tol)
+            if status:
+                _explain_bad_probs(pr, pr.sum(axis=-1, dtype=np.float64), tol)
+            if not np.all(sums == 1.0):
+                pr = (flat / sums[:, None]).astype(pr.dtype, copy=False).reshape(pr.shape)
+        self.probs = pr
+
+    @property
+    def num_outcomes(self) -> int:
+        return int(self.probs.shape[-1])
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self.probs.shape[:-1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.probs.dtype
+
+    def __len__(self) -> int:
+        if not self.batch_shape:
+            raise TypeError("len() of an unbatched Categorical")
+        return self.batch_shape[0]
+
+    def __getitem__(self, idx: Any) -> Categorical:
+        if not self.batch_shape:
+            raise TypeError("cannot index an unbatched Categorical")
+        out = self.probs[idx]
+        if out.ndim == 0:
+            raise IndexError("index selects a single probability, not a distribution")
+        return Categorical(probs=out, validate=False)
+
+    def reshape(self, *batch_shape: int) -> Categorical:
+        return Categorical(probs=self.probs.reshape(*batch_shape, self.num_outcomes), validate=False)
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        """One outcome per batch element (a Python int when unbatched)."""
+        flat = self.probs.reshape(-1, self.num_outcomes)
+        idx, status = draw_rows(flat, rng.random(flat.shape[0]))
+        if status:
+            raise ValueError("Categorical has a row with NaN or no positive mass")
+        return int(idx[0]) if not self.batch_shape else idx.reshape(self.batch_shape)
+
+    def log_prob(self, y: Any) -> Any:
+        y = np.asarray(y)
+        if not np.issubdtype(y.dtype, np.integer):
+            raise TypeError(f"Categorical outcomes are integers, got dtype {y.dtype}")
+        if np.any((y < 0) | (y >= self.num_outcomes)):
+            raise ValueError(f"outcome outside 0..{self.num_outcomes - 1}: {y}")
+        pr = np.take_along_axis(self.probs, y[..., None], axis=-1)[..., 0] if self.batch_shape else (self.probs[int(y)])
+        with np.errstate(divide="ignore"):
+            lp = np.log(pr.astype(np.float64))
+        return float(lp) if np.ndim(lp) == 0 else lp
+
+    def __repr__(self) -> str:
+        return f"Categorical(batch_shape={self.batch_shape}, num_outcomes={self.num_outcomes}, dtype={self.dtype})"
+
+
+class Normal:
+    """Independent Gaussian; the whole array (past ``batch_ndims`` leading axes) is one event.
+
+    ``loc`` is the mean array; ``scale`` a positive scalar or an array broadcastable to ``loc``.
+    Two Normals of equal scale are verified by reflection maximal coupling (constant time, acceptance
+    ``2 Phi(-delta/2)`` with ``delta`` the scale-whitened distance of the means).
+
+    >>> import numpy as np, speculate as sp
+    >>> d = sp.Normal(np.zeros((4, 3)), 0.5, batch_ndims=1)   # 4 rows, each a 3-vector event
+    >>> d.batch_shape, d.event_shape, d.sample(np.random.default_rng(0)).shape
+    ((4,), (3,), (4, 3))
+    """
+
+    discrete = False
+
+    def __init__(self, loc: Any, scale: Any, *, batch_ndims: int = 0, validate: bool = True) -> None:
+        loc = _as_float_array(loc, "Normal loc")
+        scale = _as_float_array(scale, "Normal scale")
+        if batch_ndims < 0 or batch_ndims > loc.ndim:
+            raise ValueError(f"batch_ndims={batch_ndims} does not fit loc of shape {loc.shape}")
+        try:
+            np.broadcast_shapes(scale.shape, loc.shape)
+        except ValueError:
+            raise ValueError(
+                f"Normal scale of shape {scale.shape} does not broadcast to loc of shape {loc.shape}"
+            ) from None
+        if np.broadcast_shapes(scale.shape, loc.shape) != loc.shape:
+            raise ValueError(f"Normal scale of shape {scale.shape} is larger than loc {loc.shape}")
+        if validate:
+            if not np.all(np.isfinite(loc)):
+                raise ValueError(f"Normal loc is not finite at index {_first_index(~np.isfinite(loc))}")
+            if not np.all(np.isfinite(scale) & (scale > 0)):
+                raise ValueError("Normal scale must be finite and > 0")
+        self.loc = loc
+        self.scale = scale
+        self.batch_ndims = batch_ndims
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self.loc.shape[: self.batch_ndims])
+
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        return tuple(self.loc.shape[self.batch_ndims :])
+
+    def __len__(self) -> int:
+        if not self.batch_shape:
+            raise TypeError("len() of an unbatched Normal")
+        return self.batch_shape[0]
+
+    def __getitem__(self, idx: Any) -> Normal:
+        if not self.batch_shape:
+            raise TypeError("cannot index an unbatched Normal")
+        scale = np.broadcast_to(self.scale, self.loc.shape)
+        loc = self.loc[idx]
+        dropped = self.loc.ndim - loc.ndim
+        return Normal(loc, scale[idx], batch_ndims=self.batch_ndims - dropped, validate=False)
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        return self.loc + self.scale * rng.standard_normal(self.loc.shape)
+
+    def log_prob(self, y: Any) -> Any:
+        y = np.asarray(y, dtype=np.float64)
+        if y.shape != self.loc.shape:
+            raise ValueError(f"Normal outcome of shape {y.shape} does not match loc {self.loc.shape}")
+        scale = np.broadcast_to(self.scale, self.loc.shape).astype(np.float64)
+        z = (y - self.loc) / scale
+        lp = -0.5 * z * z - np.log(scale) - 0.5 * math.log(2 * math.pi)
+        axes = tuple(range(self.batch_ndims, self.loc.ndim))
+        out = lp.sum(axis=axes)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def __repr__(self) -> str:
+        return f"Normal(batch_shape={self.batch_shape}, event_shape={self.event_shape})"
+
+
+def _equal_values(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    try:
+        eq = a == b
+    except Exception:
+        return False
+    if isinstance(eq, (bool, np.bool_)):
+        return bool(eq)
+    try:
+        return bool(np.all(eq))
+    except Exception:
+        return False
+
+
+class PointMass:
+    """A deterministic result: all mass on ``value``. Verifying against it is speculative execution.
+
+    >>> import speculate as sp
+    >>> d = sp.PointMass((1, 2))
+    >>> d.sample(None), d.log_prob((1, 2)), d.log_prob((2, 1))
+    ((1, 2), 0.0, -inf)
+    """
+
+    discrete = None  # compatible with either kind: it is a mass on one point
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def sample(self, rng: Any) -> Any:
+        return self.value
+
+    def log_prob(self, y: Any) -> float:
+        return 0.0 if _equal_values(y, self.value) else -math.inf
+
+    def __repr__(self) -> str:
+        return f"PointMass({self.value!r})"
+
+
+class _Scipy:
+    """Adapter for a frozen scipy.stats distribution (discrete, continuous or multivariate)."""
+
+    def __init__(self, frozen: Any) -> None:
+        import scipy.stats as st
+
+        self.frozen = frozen
+        dist = getattr(frozen, "dist", None)
+        self.discrete = isinstance(dist, st.rv_discrete)
+        if self.discrete:
+            self._logp = frozen.logpmf
+        elif hasattr(frozen, "logpdf"):
+            self._logp = frozen.logpdf
+        elif hasattr(frozen, "logpmf"):
+            self.discrete = True
+            self._logp = frozen.logpmf
+        else:
+            raise TypeError(f"scipy distribution {frozen!r} has neither logpdf nor logpmf")
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        y = self.frozen.rvs(random_state=rng)
+        return y.item() if isinstance(y, np.ndarray) and y.ndim == 0 else y
+
+    def log_prob(self, y: Any) -> float:
+        return float(np.sum(self._logp(y)))
+
+    def __repr__(self) -> str:
+        return f"from_scipy({self.frozen!r})"
+
+
+def from_scipy(frozen: Any) -> Any:
+    """Wrap a frozen ``scipy.stats`` distribution (e.g. ``scipy.stats.poisson(3)``).
+
+    >>> import numpy as np, scipy.stats as st, speculate as sp
+    >>> y, kept = sp.speculative_sample(sp.from_scipy(st.norm(0, 1)), sp.from_scipy(st.norm(0.1, 1)), rng=0)
+    >>> isinstance(y, float)
+    True
+    """
+    if not hasattr(frozen, "rvs"):
+        raise TypeError(f"from_scipy expects a frozen scipy.stats distribution, got {type(frozen).__name__}")
+    return _Scipy(frozen)
+
+
+class _Torch:
+    """Adapter for a torch.distributions.Distribution without a dedicated numpy equivalent."""
+
+    def __init__(self, dist: Any) -> None:
+        self.dist = dist
+        support = getattr(dist, "support", None)
+        self.discrete = bool(getattr(support, "is_discrete", False))
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        import torch
+
+        from ._rng import child_seed
+
+        devices = [self.dist.mean.device] if self.dist.mean.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(child_seed(rng))
+            y = self.dist.sample()
+        return y
+
+    def log_prob(self, y: Any) -> float:
+        import torch
+
+        y = torch.as_tensor(y)
+        return float(self.dist.log_prob(y).sum())
+
+    def __repr__(self) -> str:
+        return f"from_torch({self.dist!r})"
+
+
+def from_torch(dist: Any) -> Any:
+    """Wrap a ``torch.distributions.Distribution``.
+
+    Categorical (and OneHotCategorical's probabilities) become :class:`Categorical`; Normal and
+    Independent(Normal) become :class:`Normal` (the whole tensor one event, Independent's batch axes
+    kept as batch axes), so they get the exact closed-form residuals; anything else is sampled by
+    torch with a generator seeded from the engine's ``rng`` and verified by the general rule.
+    """
+    import torch.distributions as td
+
+    if not isinstance(dist, td.Distribution):
+        raise TypeError(f"from_torch expects a torch.distributions.Distribution, got {type(dist).__name__}")
+    if isinstance(dist, td.Categorical):
+        return Categorical(probs=dist.probs.detach().double().cpu().numpy())
+    base, batch_ndims = dist, 0
+    if isinstance(dist, td.Independent):
+        base, batch_ndims = dist.base_dist, len(dist.batch_shape)
+    if isinstance(base, td.Normal) and type(base) is td.Normal:
+        loc = base.loc.detach().double().cpu().numpy()
+        scale = base.scale.detach().double().cpu().numpy()
+        return Normal(loc, np.broadcast_to(scale, loc.shape).copy(), batch_ndims=batch_ndims)
+    return _Torch(dist)
+
+
+def as_distribution(x: Any) -> Any:
+    """A distribution as given; a torch distribution adapted; anything else a :class:`PointMass`."""
+    if isinstance(x, (Categorical, Normal, PointMass, _Scipy, _Torch)):
+        return x
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch.distributions"):
+        return from_torch(x)
+    if mod.startswith("scipy.stats") and hasattr(x, "rvs"):
+        return from_scipy(x)
+    if callable(getattr(x, "sample", None)) and callable(getattr(x, "log_prob", None)):
+        return x
+    return PointMass(x)

@@ -1,0 +1,239 @@
+"""The round loop every domain runs on: draft -> one batched target call -> verify -> commit.
+
+A domain implements the Process protocol (docs/architecture.md): ``propose(rows, k, m, rng)``,
+``score(rows, proposal)`` and ``commit(rows, emitted, n_accepted, branch)``. This module owns
+everything else: fresh uniforms every round, the choice of verification rule, ragged acceptance
+across rows, rows that finish early, the statistics, and the automatic lookahead.
+
+Automatic lookahead (``lookahead="auto"``): after each round, alpha is estimated as
+accepted / (accepted + rejections) over rows and rounds with exponential forgetting (weight 0.9 per
+round, a Beta(1, 1) prior), and the cost ratio c as the measured time per draft step over the
+measured time per target call (exponential moving average); the next round uses the k in
+1..max_lookahead that maximises speculate.theory.speedup(alpha, k, c). The choice depends only on
+past rounds, so every round stays exact (proofs/06).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from . import theory
+from ._dispatch import RULES, verify_round
+from ._rng import as_rng
+
+__all__ = ["Process", "Proposal", "RunResult", "Stats", "run"]
+
+
+class Proposal(NamedTuple):
+    """What ``Process.propose`` returns (see docs/architecture.md for shapes)."""
+
+    outcomes: Any  #: drafted outcomes: int64 [R, k] ([R, m, k]) or nested lists [R][k]
+    dists: Any  #: the draft distributions they were drawn from (batched) or nested lists; None = point masses
+    lengths: Any = None  #: valid drafts per row (int64 [R] or [R, m]); None = all k
+
+
+class Process(Protocol):
+    """A batch of chains that the round loop advances (implemented by each domain)."""
+
+    def propose(self, rows: np.ndarray, k: int, m: int, rng: np.random.Generator) -> Proposal: ...
+
+    def score(self, rows: np.ndarray, proposal: Proposal) -> Any: ...
+
+    def commit(
+        self, rows: np.ndarray, emitted: list, n_accepted: np.ndarray, branch: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass
+class Stats:
+    """Counters of a run. ``accepted_per_position[j]`` counts (row, round) pairs that kept exactly j drafts."""
+
+    rounds: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0  # sequential draft steps (the sum of k over rounds)
+    row_rounds: int = 0  # (row, round) pairs verified
+    proposed: int = 0
+    accepted: int = 0
+    rejections: int = 0  # row-rounds in which the verifier replaced a draft
+    emitted: int = 0  # outcomes handed to the caller (after truncation to n and stops)
+    accepted_per_position: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    lookahead_counts: dict = field(default_factory=dict)  # k -> rounds run with that k
+    draft_time: float = 0.0
+    target_time: float = 0.0
+    verify_time: float = 0.0
+    commit_time: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / proposed drafts."""
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def alpha(self) -> float:
+        """Per-draft acceptance estimate accepted / (accepted + rejections): the i.i.d. alpha of theory."""
+        d = self.accepted + self.rejections
+        return self.accepted / d if d else float("nan")
+
+    @property
+    def tokens_per_call(self) -> float:
+        """Outcomes the verifier produced per row per target call (before truncation): E[n + 1]."""
+        return (self.accepted + self.row_rounds) / self.row_rounds if self.row_rounds else float("nan")
+
+    @property
+    def cost_ratio(self) -> float:
+        """Measured c = time per draft step / time per target call."""
+        if not (self.draft_calls and self.target_calls and self.target_time > 0):
+            return float("nan")
+        return (self.draft_time / self.draft_calls) / (self.target_time / self.target_calls)
+
+    def add_round(self, k: int, n_accepted: np.ndarray, lengths: np.ndarray) -> None:
+        self.rounds += 1
+        self.target_calls += 1
+        self.draft_calls += k
+        self.row_rounds += len(n_accepted)
+        self.proposed += int(lengths.sum())
+        self.accepted += int(n_accepted.sum())
+        self.rejections += int(np.sum(n_accepted < lengths))
+        if len(self.accepted_per_position) < k + 1:
+            grown = np.zeros(k + 1, np.int64)
+            grown[: len(self.accepted_per_position)] = self.accepted_per_position
+            self.accepted_per_position = grown
+        np.add.at(self.accepted_per_position, n_accepted, 1)
+        self.lookahead_counts[k] = self.lookahead_counts.get(k, 0) + 1
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k != "accepted_per_position"}
+        out["accepted_per_position"] = self.accepted_per_position.tolist()
+        out["lookahead_counts"] = {int(k): int(v) for k, v in self.lookahead_counts.items()}
+        for name in ("acceptance_rate", "alpha", "tokens_per_call", "cost_ratio"):
+            out[name] = getattr(self, name)
+        return out
+
+    def summary(self) -> str:
+        hist = " ".join(str(int(c)) for c in self.accepted_per_position)
+        return (
+            f"rounds={self.rounds} proposed={self.proposed} accepted={self.accepted} "
+            f"acceptance={self.acceptance_rate:.3f} alpha={self.alpha:.3f} "
+            f"tokens/call={self.tokens_per_call:.3f} c={self.cost_ratio:.3f} "
+            f"accepted-length histogram=[{hist}]"
+        )
+
+
+class RunResult(NamedTuple):
+    samples: list  #: per row, the list of outcomes in order
+    stats: Stats
+
+
+class _Lookahead:
+    def __init__(self, lookahead: int | str, max_lookahead: int, decay: float = 0.9) -> None:
+        self.auto = lookahead == "auto"
+        if not self.auto and (isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer))):
+            raise TypeError(f"lookahead must be a non-negative int or 'auto', got {lookahead!r}")
+        if not self.auto and lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+        if max_lookahead < 1:
+            raise ValueError(f"max_lookahead must be >= 1, got {max_lookahead}")
+        self.k = min(4, max_lookahead) if self.auto else int(lookahead)
+        self.max, self.decay = int(max_lookahead), decay
+        self.acc = self.rej = 0.0
+        self.c: float | None = None
+
+    def update(self, n_acc: np.ndarray, lengths: np.ndarray, k: int, t_draft: float, t_target: float) -> None:
+        if not self.auto:
+            return
+        self.acc = self.decay * self.acc + float(n_acc.sum())
+        self.rej = self.decay * self.rej + float(np.sum(n_acc < lengths))
+        alpha = (self.acc + 1.0) / (self.acc + self.rej + 2.0)
+        if k > 0 and t_target > 0:
+            c = (t_draft / k) / t_target
+            self.c = c if self.c is None else 0.8 * self.c + 0.2 * c
+        self.k = max(1, theory.optimal_lookahead(alpha, self.c or 0.0, self.max))
+
+
+def _per_row(n: Any, n_rows: int) -> np.ndarray:
+    a = np.asarray(n)
+    if a.ndim == 0:
+        a = np.full(n_rows, a)
+    if a.shape != (n_rows,):
+        raise ValueError(f"n must be an int or one per row ({n_rows}), got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"n must be an integer, got {a.dtype}")
+    if a.size and a.min() < 0:
+        raise ValueError(f"n (outcomes per chain) must be >= 0, got {a.min()}")
+    return a.astype(np.int64)
+
+
+def _emitted(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int, want: np.ndarray) -> list:
+    out = []
+    for r in range(len(n)):
+        row = outcomes[r] if m == 1 else outcomes[r][branch[r]]
+        kept = row[: n[r]]
+        if isinstance(kept, np.ndarray):
+            nx = np.asarray(nxt[r], dtype=kept.dtype)[None]
+            e = np.concatenate([kept, nx.reshape(1, *kept.shape[1:])])
+        else:
+            e = [*list(kept), nxt[r]]
+        out.append(e[: want[r]])
+    return out
+
+
+def run(
+    process: Process,
+    n_rows: int,
+    n: int | np.ndarray,
+    *,
+    lookahead: int | str = 4,
+    verify: str = "token",
+    drafts: int = 1,
+    rng: int | np.random.Generator | None = None,
+    max_lookahead: int = 16,
+) -> RunResult:
+    """Advance ``n_rows`` chains of ``process`` until each has ``n`` outcomes (or is done)."""
+    if verify not in RULES:
+        raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
+    if isinstance(drafts, bool) or not isinstance(drafts, (int, np.integer)) or drafts < 1:
+        raise ValueError(f"drafts (branches per round) must be an int >= 1, got {drafts!r}")
+    if drafts > 1 and verify != "token":
+        raise ValueError(f"multi-draft (drafts={drafts}) uses recursive rejection: pass verify='token'")
+    rng = as_rng(rng)
+    remaining = _per_row(n, n_rows)
+    control = _Lookahead(lookahead, max_lookahead)
+    stats = Stats()
+    samples: list[list] = [[] for _ in range(n_rows)]
+    active = remaining > 0
+    while active.any():
+        rows = np.flatnonzero(active)
+        R, k = len(rows), control.k
+        t0 = time.perf_counter()
+        proposal = process.propose(rows, k, drafts, rng)
+        t1 = time.perf_counter()
+        target = process.score(rows, proposal)
+        t2 = time.perf_counter()
+        n_acc, nxt, branch = verify_round(target, proposal, verify, drafts, k, R, rng)
+        t3 = time.perf_counter()
+        emitted = _emitted(proposal.outcomes, n_acc, nxt, branch, drafts, remaining[rows])
+        n_used, done = process.commit(rows, emitted, n_acc, branch)
+        t4 = time.perf_counter()
+        n_used = np.asarray(n_used, dtype=np.int64)
+        if n_used.shape != (R,) or np.any(n_used < 0):
+            raise ValueError(f"process.commit must return n_used of shape ({R},), got {n_used!r}")
+        lengths = np.full(R, k, np.int64) if proposal.lengths is None else np.asarray(proposal.lengths)
+        if lengths.ndim == 2:  # multi-draft: the surviving branch's length
+            lengths = lengths[np.arange(R), branch]
+        for i, r in enumerate(rows):
+            used = emitted[i][: n_used[i]]
+            samples[r].extend(used.tolist() if isinstance(used, np.ndarray) and used.ndim == 1 else list(used))
+            remaining[r] -= len(used)
+        active[rows] = (remaining[rows] > 0) & ~np.asarray(done, dtype=bool)
+        stats.add_round(k, n_acc, lengths)
+        stats.emitted += int(sum(min(len(e), u) for e, u in zip(emitted, n_used, strict=False)))
+        stats.draft_time += t1 - t0
+        stats.target_time += t2 - t1
+        stats.verify_time += t3 - t2
+        stats.commit_time += t4 - t3
+        control.update(n_acc, lengths, k, t1 - t0, t2 - t1)
+    return RunResult(samples, stats)

@@ -1,0 +1,101 @@
+"""Closed forms of speculative sampling (Leviathan et al. 2023, section 3; proofs/06).
+
+>>> from speculate import theory
+>>> round(theory.speedup(0.8, 5, 0.0), 2), round(theory.speedup(0.9, 10, 0.0), 2)
+(3.69, 6.86)
+>>> theory.optimal_lookahead(0.8, 0.05)
+8
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "acceptance_rate",
+    "accepted_length_pmf",
+    "engine_speedup",
+    "expected_tokens",
+    "multi_draft_acceptance",
+    "optimal_lookahead",
+    "speedup",
+    "walltime_improvement",
+]
+
+
+def acceptance_rate(p: Any, q: Any) -> Any:
+    """alpha = sum_x min(p(x), q(x)) = 1 - TV(p, q), over the last axis (batched)."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {p.shape} and {q.shape}")
+    a = np.minimum(p, q).sum(axis=-1)
+    return float(a) if a.ndim == 0 else a
+
+
+def _check(alpha: float, k: int | None = None, c: float | None = None) -> None:
+    if not 0.0 <= alpha <= 1.0 or math.isnan(alpha):
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if k is not None and (int(k) != k or k < 0):
+        raise ValueError(f"lookahead k must be a non-negative integer, got {k}")
+    if c is not None and (not c >= 0.0 or math.isinf(c)):
+        raise ValueError(f"cost ratio c must be finite and >= 0, got {c}")
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected outcomes per target call with k drafts and i.i.d. acceptance alpha: (1 - a^(k+1))/(1 - a)."""
+    _check(alpha, k)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def accepted_length_pmf(alpha: float, k: int) -> np.ndarray:
+    """P(n accepted drafts = j), j = 0..k, for token-wise verification with i.i.d. acceptance alpha."""
+    _check(alpha, k)
+    j = np.arange(k + 1)
+    pmf = alpha**j * (1.0 - alpha)
+    pmf[k] = alpha**k
+    return pmf
+
+
+def speedup(alpha: float, k: int, c: float) -> float:
+    """Expected wall-time improvement: expected_tokens(alpha, k) / (k c + 1) (c = draft/target cost)."""
+    _check(alpha, k, c)
+    return expected_tokens(alpha, k) / (k * c + 1.0)
+
+
+walltime_improvement = speedup
+
+
+def optimal_lookahead(alpha: float, c: float, k_max: int = 64) -> int:
+    """The k in 0..k_max that maximises speedup(alpha, k, c) (0 when speculation cannot pay)."""
+    _check(alpha, None, c)
+    best_k, best = 0, 1.0
+    for k in range(1, k_max + 1):
+        s = speedup(alpha, k, c)
+        if s > best * (1.0 + 1e-12):
+            best_k, best = k, s
+    return best_k
+
+
+def multi_draft_acceptance(alphas: Any) -> float:
+    """Acceptance of recursive rejection over m candidates with stage acceptances alpha_i: 1 - prod(1 - alpha_i)."""
+    a = np.asarray(alphas, dtype=np.float64)
+    if np.any((a < 0) | (a > 1)):
+        raise ValueError("stage acceptances must lie in [0, 1]")
+    return float(1.0 - np.prod(1.0 - a))
+
+
+def engine_speedup(alpha: float, t_f: float, t_g: float, t_draft: float = 0.0) -> float:
+    """Expected speedup of speculate(f, f_star, g, x) over g(f(x)) run in sequence.
+
+    Sequential: t_f + t_g. Speculative: t_draft + max(t_f, t_g) + (1 - alpha) t_g, since g on the
+    guess overlaps f and is redone on rejection (assumes g and f run truly in parallel).
+    """
+    _check(alpha)
+    if min(t_f, t_g, t_draft) < 0:
+        raise ValueError("times must be >= 0")
+    return (t_f + t_g) / (t_draft + max(t_f, t_g) + (1.0 - alpha) * t_g)
