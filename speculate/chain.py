@@ -247,6 +247,7 @@ def chains(
     stop: Callable[[Any, Any], bool] | None = None,
     rng: int | np.random.Generator | None = None,
     max_lookahead: int = 16,
+    cost_ratio: float | None = None,
 ) -> Trajectories:
     """Advance B independent chains together: one target call per round for all B x (k+1) states.
 
@@ -254,7 +255,9 @@ def chains(
     drop out without stalling the others. ``verify``: ``"token"`` (Leviathan et al.), ``"block"``
     (Sun et al.; Categorical only), ``"greedy"`` (point-mass or argmax targets); ``drafts=m`` > 1
     drafts m independent branches per round, verified by recursive rejection (Categorical only).
-    ``lookahead``: k drafts per round, or ``"auto"`` (see speculate.rounds).
+    ``lookahead``: k drafts per round, or ``"auto"``: k chosen each round from the running alpha
+    and the cost ratio c (measured, or ``cost_ratio`` if given, which makes seeded runs
+    bit-reproducible); see speculate.rounds.
     """
     states = list(states)
     proc = _FunctionProcess(target, draft, step, states, stop)
@@ -267,6 +270,7 @@ def chains(
         drafts=drafts,
         rng=rng,
         max_lookahead=max_lookahead,
+        cost_ratio=cost_ratio,
     )
     return Trajectories(res.samples, proc.states, res.stats)
 
@@ -284,6 +288,7 @@ def chain(
     stop: Callable[[Any, Any], bool] | None = None,
     rng: int | np.random.Generator | None = None,
     max_lookahead: int = 16,
+    cost_ratio: float | None = None,
 ) -> Trajectory:
     """Sample ``n`` outcomes of one chain speculatively; see :func:`chains` for the arguments."""
     res = chains(
@@ -298,5 +303,6 @@ def chain(
         stop=stop,
         rng=rng,
         max_lookahead=max_lookahead,
+        cost_ratio=cost_ratio,
     )
     return res[0]

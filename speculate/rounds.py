@@ -8,9 +8,11 @@ across rows, rows that finish early, the statistics, and the automatic lookahead
 Automatic lookahead (``lookahead="auto"``): after each round, alpha is estimated as
 accepted / (accepted + rejections) over rows and rounds with exponential forgetting (weight 0.9 per
 round, a Beta(1, 1) prior), and the cost ratio c as the measured time per draft step over the
-measured time per target call (exponential moving average); the next round uses the k in
-1..max_lookahead that maximises speculate.theory.speedup(alpha, k, c). The choice depends only on
-past rounds, so every round stays exact (proofs/06).
+measured time per target call (exponential moving average), or the fixed ``cost_ratio`` when one
+is given; the next round uses the k in 1..max_lookahead that maximises
+speculate.theory.speedup(alpha, k, c). The choice depends only on past rounds, so every round stays
+exact (proofs/06). With measured timings k depends on the machine's speed, so a seeded run is exact
+but not bit-reproducible; pass ``cost_ratio=`` to make "auto" depend on the seed alone.
 """
 
 from __future__ import annotations
@@ -124,12 +126,14 @@ class Stats:
 
 
 class RunResult(NamedTuple):
-    samples: list  #: per row, the list of outcomes in order
+    samples: list | None  #: per row, the list of outcomes in order (None with keep_samples=False)
     stats: Stats
 
 
 class _Lookahead:
-    def __init__(self, lookahead: int | str, max_lookahead: int, decay: float = 0.9) -> None:
+    def __init__(
+        self, lookahead: int | str, max_lookahead: int, cost_ratio: float | None = None, decay: float = 0.9
+    ) -> None:
         self.auto = lookahead == "auto"
         if not self.auto and (isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer))):
             raise TypeError(f"lookahead must be a non-negative int or 'auto', got {lookahead!r}")
@@ -140,7 +144,10 @@ class _Lookahead:
         self.k = min(4, max_lookahead) if self.auto else int(lookahead)
         self.max, self.decay = int(max_lookahead), decay
         self.acc = self.rej = 0.0
-        self.c: float | None = None
+        if cost_ratio is not None and not (0.0 <= cost_ratio < float("inf")):
+            raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
+        self.fixed_c = cost_ratio
+        self.c: float | None = cost_ratio
 
     def update(self, n_acc: np.ndarray, lengths: np.ndarray, k: int, t_draft: float, t_target: float) -> None:
         if not self.auto:
@@ -148,7 +155,7 @@ class _Lookahead:
         self.acc = self.decay * self.acc + float(n_acc.sum())
         self.rej = self.decay * self.rej + float(np.sum(n_acc < lengths))
         alpha = (self.acc + 1.0) / (self.acc + self.rej + 2.0)
-        if k > 0 and t_target > 0:
+        if self.fixed_c is None and k > 0 and t_target > 0:
             c = (t_draft / k) / t_target
             self.c = c if self.c is None else 0.8 * self.c + 0.2 * c
         self.k = max(1, theory.optimal_lookahead(alpha, self.c or 0.0, self.max))
@@ -191,8 +198,14 @@ def run(
     drafts: int = 1,
     rng: int | np.random.Generator | None = None,
     max_lookahead: int = 16,
+    cost_ratio: float | None = None,
+    keep_samples: bool = True,
 ) -> RunResult:
-    """Advance ``n_rows`` chains of ``process`` until each has ``n`` outcomes (or is done)."""
+    """Advance ``n_rows`` chains of ``process`` until each has ``n`` outcomes (or is done).
+
+    ``keep_samples=False`` records no outcomes (``RunResult.samples`` is None): for processes that
+    keep their own trajectory and long runs whose outcomes are large arrays.
+    """
     if verify not in RULES:
         raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
     if isinstance(drafts, bool) or not isinstance(drafts, (int, np.integer)) or drafts < 1:
@@ -201,9 +214,9 @@ def run(
         raise ValueError(f"multi-draft (drafts={drafts}) uses recursive rejection: pass verify='token'")
     rng = as_rng(rng)
     remaining = _per_row(n, n_rows)
-    control = _Lookahead(lookahead, max_lookahead)
+    control = _Lookahead(lookahead, max_lookahead, cost_ratio)
     stats = Stats()
-    samples: list[list] = [[] for _ in range(n_rows)]
+    samples: list[list] | None = [[] for _ in range(n_rows)] if keep_samples else None
     active = remaining > 0
     while active.any():
         rows = np.flatnonzero(active)
@@ -226,7 +239,8 @@ def run(
             lengths = lengths[np.arange(R), branch]
         for i, r in enumerate(rows):
             used = emitted[i][: n_used[i]]
-            samples[r].extend(used.tolist() if isinstance(used, np.ndarray) and used.ndim == 1 else list(used))
+            if samples is not None:
+                samples[r].extend(used.tolist() if isinstance(used, np.ndarray) and used.ndim == 1 else list(used))
             remaining[r] -= len(used)
         active[rows] = (remaining[rows] > 0) & ~np.asarray(done, dtype=bool)
         stats.add_round(k, n_acc, lengths)
