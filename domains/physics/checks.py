@@ -4,10 +4,10 @@ Used by the tests, the conformance cases and the demo; usable on your own runs:
   * ``innovations``: the standardised steps z_t = (x_{t+1} - x_t - dt F(x_t)/gamma) / s; for the
     exact chain every z is an independent N(0, 1) draw, whatever the force (so a KS test of all of
     them checks every transition at once);
-  * ``path_counts``: bin paths (x_t1, x_t2, ...) of many chains into a table of counts;
-  * ``chi2_gof`` / ``chi2_two_sample``: chi-square p-values against an exact law or another
-    sample (cells with expected count < 5 are merged into one);
-  * ``chi2_power``: the power of those tests against an alternative law (noncentral chi-square).
+  * ``path_outcomes``: bin paths (x_t1, x_t2, ...) of many chains into hashable outcomes, the
+    keys of ``exact_law.binned_path_law``: feed them to speculate.testing's chi-square checks;
+  * ``chi2_power``: the power of a chi-square test against a given alternative law;
+  * ``ks_power_bound``: a lower bound on the power of a KS test (DKW).
 
 Example:
     >>> import numpy as np
@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats
@@ -42,19 +42,14 @@ def innovations(model: Langevin, positions: np.ndarray) -> np.ndarray:
     return z.reshape(B, T - 1, *P.shape[2:])
 
 
-def path_counts(paths: np.ndarray, edges: Sequence[float], keys: Sequence[tuple]) -> np.ndarray:
-    """Counts of binned paths: paths [n, L] of scalars -> counts [len(keys)] in the order of keys.
+def path_outcomes(paths: np.ndarray, edges: Sequence[float]) -> list[tuple[int, ...]]:
+    """Binned paths as hashable outcomes: paths [n, L] of scalars -> n tuples of L bin indices.
 
-    Bin b of a value is the number of ``edges`` at or below it (as in ``binned_path_law``).
+    Bin b of a value is the number of ``edges`` at or below it (as in ``binned_path_law``), so
+    the outcomes are the keys of that law (for speculate.testing's chi-square checks).
     """
     lab = np.searchsorted(np.asarray(edges, np.float64), np.asarray(paths), side="right")
-    nb = len(edges) + 1
-    code = np.ravel_multi_index(tuple(lab.T), (nb,) * lab.shape[1])            # [n]
-    full = np.bincount(code, minlength=nb ** lab.shape[1])
-    idx = np.array([np.ravel_multi_index(k, (nb,) * lab.shape[1]) for k in keys])
-    if full.sum() != full[idx].sum():
-        raise ValueError("path_counts: some paths fall in cells missing from keys")
-    return full[idx]
+    return [tuple(r) for r in lab.tolist()]
 
 
 def _merge(expected: np.ndarray, *tables: np.ndarray, min_expected: float = 5.0):
@@ -62,25 +57,6 @@ def _merge(expected: np.ndarray, *tables: np.ndarray, min_expected: float = 5.0)
     out = [np.append(t[keep], t[~keep].sum()) for t in (expected, *tables)]
     nz = out[0] > 0
     return [t[nz] for t in out]
-
-
-def chi2_gof(counts: np.ndarray, law: Mapping | np.ndarray, keys: Sequence | None = None) -> float:
-    """p-value of observed counts against exact probabilities (a dict over keys, or an array)."""
-    counts = np.asarray(counts, np.float64)
-    p = np.array([law[k] for k in keys]) if keys is not None else np.asarray(law, np.float64)
-    n = counts.sum()
-    exp, obs = _merge(p / p.sum() * n, counts)
-    return float(stats.chisquare(obs, exp).pvalue) if len(obs) > 1 else 1.0
-
-
-def chi2_two_sample(a: np.ndarray, b: np.ndarray) -> float:
-    """p-value of the 2 x C contingency chi-square test that two count tables share one law."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    pooled = (a + b) / (a.sum() + b.sum())
-    _, a2, b2 = _merge(pooled * min(a.sum(), b.sum()), a, b)
-    if len(a2) < 2:
-        return 1.0
-    return float(stats.chi2_contingency(np.stack([a2, b2]), correction=False).pvalue)
 
 
 def chi2_power(p: np.ndarray, q: np.ndarray, n: int, alpha: float, two_sample: bool) -> float:

@@ -183,6 +183,7 @@ def speculative_simulate(
     *,
     record_every: int = 1,
     max_lookahead: int = 16,
+    cost_ratio: float | None = None,
 ) -> Trajectory:
     """Simulate the Euler-Maruyama chain of ``model`` exactly, drafting ``lookahead`` steps ahead.
 
@@ -196,6 +197,8 @@ def speculative_simulate(
         n_steps: steps per replica. lookahead: drafted steps per round, or "auto" (chosen online
             from the measured acceptance and cost ratio, up to ``max_lookahead``).
         seed: int seed or numpy Generator. record_every: keep every record_every-th configuration.
+        cost_ratio: with lookahead="auto", a fixed draft/target cost ratio c instead of the
+            measured one (the run then depends on the seed alone, not on timings).
 
     Raises ValueError naming the step when the exact force is not finite at a configuration the
     chain reaches (a non-finite force at a drafted configuration that is never reached is
@@ -217,7 +220,7 @@ def speculative_simulate(
     process = LangevinProcess(model, X, n_steps, rec)
     t0 = time.perf_counter()
     result = run(process, X.shape[0], n_steps, lookahead=lookahead, verify="token", rng=seed,
-                 max_lookahead=max_lookahead)
+                 max_lookahead=max_lookahead, cost_ratio=cost_ratio, keep_samples=False)
     core = result.stats
     stats = SimulationStats(
         steps=n_steps,

@@ -5,14 +5,18 @@ half started at x = +1.6 and half at -1.6 (a row-mixing bug shows as a sign erro
 so that steps 1, 2 and 8 fall in different rounds. Outcome per particle: the bins of
 (x_1, x_2, x_8) with edges (0.8, 1.0, 1.2) (the -1.6 half mirrored): 100000 paths per half.
 
-Per draft kind, 5 tests at alpha = 2e-7 each (1e-6 in all, Bonferroni):
-  * goodness of fit of each half against the exact law (numerical integration, error < 1e-12);
-  * two-sample chi-square of each half against plain ``simulate``;
+Per draft kind, 7 tests at alpha = 1e-6 / 7 each (Bonferroni), all from speculate.testing:
+  * chi-square goodness of fit of each half's binned paths against the exact law (numerical
+    integration, error < 1e-12);
+  * two-sample chi-square of each half's binned paths against plain ``simulate``;
+  * two-sample test of each half's raw (x_1, x_2, x_8) against plain ``simulate`` (KS on every
+    coordinate and 16 random projections, Bonferroni inside);
   * KS of all 1.6 million standardised steps against N(0, 1).
-Power (checked below from the exact laws): the two-sample test catches a 4% drift error
+Power (checked below from the exact laws): the two-sample chi-square catches a 4% drift error
 (F -> 1.04 F, TV 0.025 on the bins) and the goodness of fit a 3% one (TV 0.019) with probability
->= 0.99 each; the KS test catches any per-step law at KS distance >= 0.0045 from N(0, 1) with
-probability >= 0.99 (DKW bound).
+>= 0.99 each; the goodness of fit catches ANY deviation of TV >= 0.019 on the bins with
+probability >= 0.99; the KS test catches any per-step law at KS distance >= 0.0045 from N(0, 1)
+with probability >= 0.99 (DKW bound).
 """
 
 from __future__ import annotations
@@ -22,17 +26,17 @@ import pytest
 from scipy import stats
 
 from domains.physics import DoubleWell, Langevin, frozen_correction, simulate, speculative_simulate
-from domains.physics.checks import (
-    chi2_gof,
-    chi2_power,
-    chi2_two_sample,
-    innovations,
-    ks_power_bound,
-    path_counts,
-)
+from domains.physics.checks import chi2_power, innovations, ks_power_bound, path_outcomes
 from domains.physics.exact_law import binned_path_law
+from speculate.testing import (
+    ConformanceCase,
+    assert_categorical_matches,
+    assert_continuous_matches,
+    assert_same_categorical,
+    assert_same_continuous,
+)
 
-ALPHA = 1e-6 / 5
+ALPHA = 1e-6 / 7
 DT, X0, EDGES, OBS, STEPS = 0.05, 1.6, (0.8, 1.0, 1.2), (1, 2, 8), 8
 ROWS, N = 6250, 16                                   # per half: 100000 particle paths
 
@@ -56,9 +60,7 @@ class Scaled:
 
 @pytest.fixture(scope="module")
 def exact_law():
-    law = binned_path_law(Langevin(force=WELL, dt=DT), X0, EDGES, STEPS, observe=OBS)
-    keys = sorted(law)
-    return keys, np.array([law[k] for k in keys])
+    return binned_path_law(Langevin(force=WELL, dt=DT), X0, EDGES, STEPS, observe=OBS)
 
 
 def halves(positions):
@@ -74,45 +76,47 @@ def x0():
 
 
 @pytest.fixture(scope="module")
-def plain_counts(exact_law):
-    keys, _ = exact_law
+def plain_paths():
     traj = simulate(Langevin(force=WELL, dt=DT), x0(), STEPS, seed=12345)
-    return [path_counts(h, EDGES, keys) for h in halves(traj.positions)]
+    return halves(traj.positions)
 
 
 @pytest.mark.parametrize("draft, lookahead", [("function", 3), ("frozen", 3), ("corrected", 3),
                                               ("function", "auto")])
-def test_speculative_paths_have_the_exact_law(draft, lookahead, exact_law, plain_counts):
-    keys, p = exact_law
+def test_speculative_paths_have_the_exact_law(draft, lookahead, exact_law, plain_paths):
     model = Langevin(force=WELL, draft_force=DRAFTS[draft], dt=DT)
     traj = speculative_simulate(model, x0(), STEPS, lookahead=lookahead, seed=7)
     assert 0 < traj.stats.accepted < traj.stats.proposed        # both branches are exercised
-    for half, ref in zip(halves(traj.positions), plain_counts, strict=True):
-        counts = path_counts(half, EDGES, keys)
-        assert chi2_gof(counts, p) > ALPHA
-        assert chi2_two_sample(counts, ref) > ALPHA
+    for name, half, ref in zip(("+1.6", "-1.6"), halves(traj.positions), plain_paths, strict=True):
+        label = f"{draft}, start {name}"
+        outcomes = path_outcomes(half, EDGES)
+        assert_categorical_matches(outcomes, exact_law, alpha=ALPHA, label=label)
+        assert_same_categorical(outcomes, path_outcomes(ref, EDGES), alpha=ALPHA, label=label)
+        assert_same_continuous(half, ref, alpha=ALPHA, label=label)
     z = innovations(model, traj.positions).ravel()                  # 1.6 million N(0, 1)
-    assert stats.kstest(z, "norm").pvalue > ALPHA
+    assert_continuous_matches(z, stats.norm, alpha=ALPHA, label=f"{draft}: standardised steps")
 
 
 def test_the_exactness_tests_have_power(exact_law):
-    keys, p = exact_law
+    keys = sorted(exact_law)
+    p = np.array([exact_law[k] for k in keys])
     n = ROWS * N
     for c, two_sample in ((1.04, True), (1.03, False)):
         wrong_model = Langevin(force=Scaled(WELL, c), dt=DT)
         wrong = binned_path_law(wrong_model, X0, EDGES, STEPS, observe=OBS)
         q = np.array([wrong[k] for k in keys])
         assert chi2_power(p, q, n, ALPHA, two_sample=two_sample) >= 0.99
+    case = ConformanceCase("paths", lambda n, seed: [], exact_law, n=n)
+    assert case.detectable_tv(alpha=ALPHA) <= 0.019
     assert ks_power_bound(2 * n * STEPS, ALPHA, 0.0045) >= 0.99
 
 
 def test_a_biased_sampler_is_caught(exact_law):
-    """The same battery on plain simulation with a 4% drift error rejects (seeded)."""
-    keys, p = exact_law
+    """The same check on plain simulation with a 4% drift error rejects (seeded)."""
     wrong = simulate(Langevin(force=Scaled(WELL, 1.04), dt=DT), x0()[:ROWS], STEPS, seed=3)
     paths = wrong.positions[..., 0][:, list(OBS)].transpose(0, 2, 1).reshape(-1, len(OBS))
-    counts = path_counts(paths, EDGES, keys)
-    assert chi2_gof(counts, p) < ALPHA
+    with pytest.raises(AssertionError, match="do not follow the reference law"):
+        assert_categorical_matches(path_outcomes(paths, EDGES), exact_law, alpha=ALPHA)
 
 
 def test_seeded_runs_are_reproducible():
