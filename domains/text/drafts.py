@@ -1,0 +1,264 @@
+"""Drafts for text: a smaller causal LM, prompt lookup (n-gram), and early exit (self-speculation).
+
+Every draft returns, for the active rows, ``outcomes`` int64 ``[R, k]``, the draft probabilities
+``q`` float32 ``[R, k, V]`` each outcome was sampled from (after the same temperature/top-k/top-p
+as the target), and ``lengths`` int64 ``[R]``. Verification is done by the round loop, never here.
+
+- :class:`ModelDraft`: any transformers causal LM sharing the target's tokenizer; its vocabulary
+  may be a padded prefix of the target's (or the reverse): ids the draft lacks get probability 0,
+  ids the target lacks are never proposed.
+- :class:`NgramDraft` (``"ngram"``): prompt lookup. The last ``n`` tokens (``n`` from ``max_n``
+  down to ``min_n``) are searched earlier in the row; the continuation of the most recent match is
+  proposed as a point mass (one-hot ``q``), which the residual rule keeps exact. No match: 0 drafts.
+- :func:`early_exit_model` (``"early-exit:N"``): the target's first ``N`` layers, final norm and
+  head, sharing the target's weights (no copy), run as a :class:`ModelDraft` with its own cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import numba as nb
+import numpy as np
+import torch
+
+from speculate.distributions import Categorical
+
+from .process import CachedModel, TokenBuffer, check_model, model_vocab_size
+from .sampling import SamplingConfig, probabilities
+
+__all__ = ["ModelDraft", "NgramDraft", "early_exit_model", "make_draft"]
+
+
+def _sample(q: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of ``q`` ``[R, V]``, drawn with ``rng`` (argmax when greedy)."""
+    if cfg.greedy:
+        return np.argmax(q, axis=-1).astype(np.int64)
+    return np.asarray(Categorical(probs=q, validate=False).sample(rng), dtype=np.int64)
+
+
+class ModelDraft:
+    """A draft language model with its own position-indexed KV cache.
+
+    After each round its cache keeps the committed tokens it has seen; the tokens it has not seen
+    (the verifier's last outcome, and the last draft when every draft was kept) are fed at the
+    start of the next proposal, in the same forward pass as the first draft step.
+    """
+
+    def __init__(self, model: Any) -> None:
+        check_model(model)
+        self.lm = CachedModel(model)
+        self.vocab = model_vocab_size(model)
+        cfg = _text_config(model)
+        # tokens the draft lacks (a padded-prefix vocabulary) are shown to it as this id
+        unk = next((v for v in (getattr(cfg, "unk_token_id", None), getattr(cfg, "pad_token_id", None))
+                    if isinstance(v, int) and 0 <= v < self.vocab), 0)
+        self.unknown = unk
+        self._P = np.zeros(0, np.int64)
+        self._fed = np.zeros(0, np.int64)
+
+    def reset(self, tokens: TokenBuffer, capacity: int) -> None:
+        B = len(tokens.n)
+        self.lm.reset(B, capacity)
+        m = int(tokens.n.max()) - 1
+        if m > 0:
+            rows = np.arange(B, dtype=np.int64)
+            block = self._known(tokens.block(rows, np.zeros(B, np.int64), m))
+            self.lm.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=True)
+            self.lm.length[:] = tokens.n - 1
+
+    def _known(self, block: np.ndarray) -> np.ndarray:
+        """Token ids with those outside the draft's vocabulary replaced by ``self.unknown``."""
+        return np.where(block < self.vocab, block, self.unknown)
+
+    def select(self, keep: np.ndarray) -> None:
+        self.lm.select(keep)
+        self._P, self._fed = self._P[keep] if len(self._P) else self._P, (
+            self._fed[keep] if len(self._fed) else self._fed)
+
+    def _probs(self, logits: torch.Tensor, cfg: SamplingConfig, vocab: int) -> torch.Tensor:
+        """Draft probabilities over the target's ``vocab`` ids: ``[R, vocab]`` float32."""
+        Vd = logits.shape[-1]
+        if Vd > vocab:
+            logits = logits[..., :vocab]
+        elif Vd < vocab:
+            pad = logits.new_full((*logits.shape[:-1], vocab - Vd), float("-inf"))
+            logits = torch.cat([logits, pad], dim=-1)
+        return probabilities(logits, cfg)
+
+    def propose(
+        self, rows: np.ndarray, tokens: TokenBuffer, k: int, cfg: SamplingConfig,
+        rng: np.random.Generator, vocab: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        R = len(rows)
+        self.lm.ensure_capacity(int(tokens.n[rows].max()) + k + 2)
+        start = self.lm.length.copy()  # [R]
+        P = tokens.n[rows] - start  # [R] tokens not yet in the draft's cache (1 or 2)
+        W = int(P.max())
+        block = self._known(tokens.block(rows, start, W))  # [R, W]
+        logits = self.lm.forward(torch.from_numpy(block), start)  # [R, W, Vd]
+        dev = logits.device
+        last = logits[torch.arange(R, device=dev), torch.as_tensor(P - 1, device=dev)]  # [R, Vd]
+        outcomes = np.zeros((R, k), np.int64)
+        q = np.zeros((R, k, vocab), np.float32)
+        for i in range(k):
+            qi = self._probs(last, cfg, vocab).cpu().numpy()  # [R, V]
+            q[:, i] = qi
+            outcomes[:, i] = _sample(qi, cfg, rng)
+            if i + 1 < k:
+                x = torch.from_numpy(outcomes[:, i : i + 1])  # [R, 1]
+                last = self.lm.forward(x, start + P + i)[:, 0]  # [R, Vd]
+        self._P, self._fed = P, np.full(R, k - 1, np.int64)
+        return outcomes, q, np.full(R, k, np.int64)
+
+    def advance(self, n_used: np.ndarray, n_accepted: np.ndarray) -> None:
+        keep = np.minimum(np.minimum(self._fed, np.maximum(n_used - 1, 0)), n_accepted)
+        self.lm.length += np.where(n_used > 0, self._P + keep, 0)
+
+
+@nb.njit(cache=True, nogil=True)
+def _lookup(ids, n, rows, k, max_n, min_n):  # pragma: no cover - compiled
+    """Per row: up to k tokens after the latest earlier match of its longest matching suffix."""
+    R = rows.shape[0]
+    out = np.zeros((R, k), np.int64)
+    lengths = np.zeros(R, np.int64)
+    for i in range(R):
+        seq = ids[rows[i]]
+        L = n[rows[i]]
+        for g in range(min(max_n, L - 1), min_n - 1, -1):
+            found = -1
+            for s in range(L - g - 1, -1, -1):  # window seq[s:s+g], followed by seq[s+g]
+                same = True
+                for j in range(g):
+                    if seq[s + j] != seq[L - g + j]:
+                        same = False
+                        break
+                if same:
+                    found = s + g
+                    break
+            if found >= 0:
+                m = min(k, L - found)
+                for j in range(m):
+                    out[i, j] = seq[found + j]
+                lengths[i] = m
+                break
+    return out, lengths
+
+
+class NgramDraft:
+    """Prompt lookup: propose the continuation of the latest earlier match of the last n tokens.
+
+    >>> import numpy as np
+    >>> from domains.text.process import TokenBuffer
+    >>> from domains.text.sampling import SamplingConfig
+    >>> buf = TokenBuffer.from_prompts([[5, 6, 7, 8, 5, 6]], extra=4)
+    >>> out, q, n = NgramDraft(max_n=2).propose(np.array([0]), buf, 3, SamplingConfig(), None, 10)
+    >>> out[0, : n[0]].tolist(), q is None   # q None: point masses
+    ([7, 8, 5], True)
+    """
+
+    def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
+        if not (1 <= min_n <= max_n):
+            raise ValueError(f"ngram sizes must satisfy 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        self.max_n, self.min_n = max_n, min_n
+
+    def reset(self, tokens: TokenBuffer, capacity: int) -> None:
+        pass
+
+    def select(self, keep: np.ndarray) -> None:
+        pass
+
+    def propose(
+        self, rows: np.ndarray, tokens: TokenBuffer, k: int, cfg: SamplingConfig,
+        rng: np.random.Generator | None, vocab: int,
+    ) -> tuple[np.ndarray, None, np.ndarray]:
+        outcomes, lengths = _lookup(tokens.ids, tokens.n, np.asarray(rows, np.int64), int(k),
+                                    self.max_n, self.min_n)
+        return outcomes, None, lengths  # None: point masses at the outcomes
+
+    def advance(self, n_used: np.ndarray, n_accepted: np.ndarray) -> None:
+        pass
+
+
+def _layer_path(model: Any) -> list[str]:
+    """Attribute path to the decoder-layer ``ModuleList`` (e.g. ``["model", "layers"]``)."""
+    n = int(_text_config(model).num_hidden_layers)
+    found = [name for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.ModuleList) and len(mod) == n and name]
+    if not found:
+        raise ValueError(
+            f"early exit needs the {n} decoder layers of {type(model).__name__} as one ModuleList")
+    return min(found, key=lambda s: s.count(".")).split(".")
+
+
+def _text_config(model: Any) -> Any:
+    cfg = model.config
+    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+
+def early_exit_model(target: Any, n_layers: int) -> Any:
+    """A causal LM made of ``target``'s first ``n_layers`` layers plus its final norm and head.
+
+    The parameters are the target's own tensors (shared, not copied): the result costs no memory
+    and follows the target's device and dtype. The modules on the path to the layer list are
+    shallow copies carrying a config with ``num_hidden_layers = n_layers``.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> cfg = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+    ...                   num_attention_heads=2, num_key_value_heads=2)
+    >>> t = LlamaForCausalLM(cfg)
+    >>> d = early_exit_model(t, 1)
+    >>> len(d.model.layers), len(t.model.layers), d.lm_head.weight is t.lm_head.weight
+    (1, 3, True)
+    """
+    path = _layer_path(target)
+    owners = [target]
+    for name in path[:-1]:
+        owners.append(getattr(owners[-1], name))
+    layers = getattr(owners[-1], path[-1])
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not (
+            1 <= n_layers < len(layers)):
+        raise ValueError(
+            f"early-exit depth must be an integer in 1..{len(layers) - 1} for a target with "
+            f"{len(layers)} layers, got {n_layers!r}"
+        )
+    cfg = copy.deepcopy(target.config)
+    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    text.num_hidden_layers = n_layers
+    if getattr(text, "layer_types", None) is not None:
+        text.layer_types = list(text.layer_types)[:n_layers]
+    # shallow copies of the modules down to the layer list; everything else is shared
+    copies = []
+    for mod in owners:
+        c = copy.copy(mod)
+        c._modules = dict(mod._modules)
+        if hasattr(mod, "config"):
+            c.config = text if mod.config is _text_config(target) and mod is not target else cfg
+        copies.append(c)
+    for parent, child, name in zip(copies[:-1], copies[1:], path[:-1], strict=True):
+        parent._modules[name] = child
+    copies[-1]._modules[path[-1]] = torch.nn.ModuleList(list(layers)[:n_layers])
+    return copies[0]
+
+
+_EARLY = re.compile(r"^early-exit:(\d+)$")
+_NGRAM = re.compile(r"^ngram(?::(\d+))?$")
+
+
+def make_draft(draft: Any, target: Any) -> ModelDraft | NgramDraft:
+    """The draft object for ``draft`` (a model, ``"ngram"``, ``"ngram:N"`` or ``"early-exit:N"``)."""
+    if isinstance(draft, str):
+        m = _NGRAM.match(draft)
+        if m:
+            return NgramDraft(max_n=int(m.group(1) or 3))
+        m = _EARLY.match(draft)
+        if m:
+            return ModelDraft(early_exit_model(target, int(m.group(1))))
+        raise ValueError(
+            f"unknown draft {draft!r}: pass a causal LM, 'ngram', 'ngram:N' or 'early-exit:N'")
+    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
+        raise TypeError(
+            f"draft must be a transformers causal LM or a string, got {type(draft).__name__}")
+    return ModelDraft(draft)

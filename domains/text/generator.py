@@ -1,0 +1,246 @@
+"""SpeculativeGenerator: exact, batched speculative decoding for transformers causal LMs.
+
+>>> import torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> from domains.text import SpeculativeGenerator
+>>> def llama(layers, seed):
+...     torch.manual_seed(seed)
+...     cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+...                       num_attention_heads=4, num_key_value_heads=2, eos_token_id=None)
+...     return LlamaForCausalLM(cfg).eval()
+>>> gen = SpeculativeGenerator(llama(2, 0), llama(1, 1), lookahead=3, verify="block")
+>>> out = gen.generate(torch.tensor([[5, 6, 7], [0, 8, 9]]), attention_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]),
+...                    max_new_tokens=6, seed=0)
+>>> [len(s) for s in out.sequences]      # prompt + 6 new tokens per row (left padding dropped)
+[9, 8]
+>>> out.stats.tokens_per_call >= 1.0
+True
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from speculate.rounds import Stats, run
+
+from .drafts import make_draft
+from .process import CachedModel, TextProcess, TokenBuffer, check_model, model_vocab_size
+from .sampling import SamplingConfig
+
+__all__ = ["GenerationOutput", "SpeculativeGenerator", "check_vocabularies"]
+
+_VERIFY = ("token", "block", "greedy")
+#: largest vocabulary difference treated as padding of one tokenizer's vocabulary
+MAX_VOCAB_PADDING = 256
+
+
+@dataclass
+class GenerationOutput:
+    """The result of :meth:`SpeculativeGenerator.generate`.
+
+    ``sequences[r]``: prompt tokens of row ``r`` (padding removed) followed by its new tokens.
+    ``stats``: the round loop's :class:`speculate.Stats` (``acceptance_rate``, ``alpha``,
+    ``tokens_per_call``, ``accepted_per_position`` (the accepted-length histogram),
+    ``draft_time``, ``target_time``, ...). ``prefill_time`` and ``wall_time`` are in seconds.
+    """
+
+    sequences: list[list[int]]
+    prompt_lengths: list[int]
+    stats: Stats
+    prefill_time: float
+    wall_time: float
+
+    @property
+    def new_tokens(self) -> list[list[int]]:
+        """The generated tokens of every row (without the prompt)."""
+        return [s[n:] for s, n in zip(self.sequences, self.prompt_lengths, strict=True)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens of all rows per second of wall time (prefill included)."""
+        n = sum(len(t) for t in self.new_tokens)
+        return n / self.wall_time if self.wall_time > 0 else float("nan")
+
+    def padded(self, pad_token_id: int, side: str = "right") -> torch.Tensor:
+        """The sequences as one ``[B, L]`` LongTensor, padded on ``side`` with ``pad_token_id``."""
+        if side not in ("left", "right"):
+            raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+        L = max(len(s) for s in self.sequences)
+        out = torch.full((len(self.sequences), L), int(pad_token_id), dtype=torch.long)
+        for r, s in enumerate(self.sequences):
+            if s:
+                if side == "left":
+                    out[r, L - len(s):] = torch.tensor(s)
+                else:
+                    out[r, : len(s)] = torch.tensor(s)
+        return out
+
+
+def _ids(x: Any) -> set[int]:
+    if x is None:
+        return set()
+    return {int(v) for v in (x if isinstance(x, (list, tuple)) else [x])}
+
+
+def check_vocabularies(target: Any, draft: Any, tokenizer: Any = None,
+                       draft_tokenizer: Any = None) -> None:
+    """Raise ``ValueError`` when ``draft`` cannot share ``target``'s token ids.
+
+    Accepted: equal vocabularies, or one a padded prefix of the other (sizes within
+    :data:`MAX_VOCAB_PADDING`, e.g. 32000 vs 32064). Rejected: different BOS/EOS ids in the
+    configs, larger size differences, or (when both tokenizers are given) any token whose id
+    differs between them.
+    """
+    Vt, Vd = model_vocab_size(target), model_vocab_size(draft)
+    tc, dc = target.config, draft.config
+    for name in ("bos_token_id", "eos_token_id"):
+        a, b = _ids(getattr(tc, name, None)), _ids(getattr(dc, name, None))
+        if a and b and a != b:
+            raise ValueError(
+                f"draft and target use different tokenizers: {name} is {sorted(b)} in the draft "
+                f"and {sorted(a)} in the target; speculative decoding needs shared token ids"
+            )
+    if tokenizer is not None and draft_tokenizer is not None:
+        tv, dv = tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        bad = [t for t in set(tv) & set(dv) if tv[t] != dv[t]]
+        only = [t for t, i in dv.items() if t not in tv and i < min(Vt, Vd)]
+        if bad or only:
+            ex = (bad or only)[0]
+            raise ValueError(
+                f"draft and target tokenizers differ (token {ex!r} has id {dv.get(ex)} in the "
+                f"draft, {tv.get(ex)} in the target); speculative decoding needs shared token ids"
+            )
+    elif abs(Vt - Vd) > MAX_VOCAB_PADDING:
+        raise ValueError(
+            f"draft vocabulary ({Vd} ids) and target vocabulary ({Vt} ids) differ by more than "
+            f"padding ({MAX_VOCAB_PADDING}): they likely use different tokenizers. Pass "
+            "tokenizer= and draft_tokenizer= to check the vocabularies token by token"
+        )
+
+
+def _prompts(input_ids: Any, attention_mask: Any, vocab: int) -> list[np.ndarray]:
+    if isinstance(input_ids, torch.Tensor):
+        ids = input_ids.detach().cpu().numpy()
+        rows = [ids] if ids.ndim == 1 else list(ids)
+        if ids.ndim not in (1, 2):
+            raise ValueError(f"input_ids must be [B, L] or [L], got shape {tuple(ids.shape)}")
+    elif isinstance(input_ids, np.ndarray):
+        return _prompts(torch.from_numpy(input_ids), attention_mask, vocab)
+    elif isinstance(input_ids, Sequence) and not isinstance(input_ids, (str, bytes)):
+        if len(input_ids) and all(isinstance(v, (int, np.integer)) for v in input_ids):
+            rows = [np.asarray(input_ids, dtype=np.int64)]
+        else:
+            rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in input_ids]
+    else:
+        raise TypeError(f"input_ids must be a LongTensor or lists of ints, got {type(input_ids)}")
+    if len(rows) == 0:
+        raise ValueError("input_ids has no rows")
+    if attention_mask is not None:
+        mask = attention_mask.detach().cpu().numpy() if isinstance(attention_mask, torch.Tensor) \
+            else np.asarray(attention_mask)
+        mask = mask[None] if mask.ndim == 1 else mask
+        if mask.shape != (len(rows), len(rows[0])) or any(len(r) != mask.shape[1] for r in rows):
+            raise ValueError(
+                f"attention_mask of shape {mask.shape} does not match input_ids "
+                f"({len(rows)} rows of {len(rows[0])})")
+        rows = [r[m.astype(bool)] for r, m in zip(rows, mask, strict=True)]
+    out = []
+    for i, r in enumerate(rows):
+        r = np.asarray(r)
+        if not np.issubdtype(r.dtype, np.integer):
+            raise TypeError(f"input_ids must hold integer token ids, got {r.dtype}")
+        if len(r) == 0:
+            raise ValueError(
+                f"row {i} of input_ids is an empty prompt: give at least one token (e.g. BOS)")
+        if r.min() < 0 or r.max() >= vocab:
+            raise ValueError(f"row {i} of input_ids has token ids outside 0..{vocab - 1}")
+        out.append(r.astype(np.int64))
+    return out
+
+
+class SpeculativeGenerator:
+    """Speculative decoding for a transformers causal LM, exact for every sampling setting.
+
+    ``target``: any causal LM (``AutoModelForCausalLM``) whose forward honours ``position_ids`` and
+    4-D attention masks (checked once). ``draft``: a smaller causal LM with the same tokenizer, or
+    ``"ngram"`` / ``"ngram:N"`` (prompt lookup over the last ``N`` tokens, default 3), or
+    ``"early-exit:N"`` (the target's first ``N`` layers and its head). ``lookahead``: drafts per
+    round (an int, or ``"auto"`` to adapt it to the measured acceptance and cost). ``verify``:
+    ``"block"`` (Sun et al. 2024, never fewer tokens than token-wise), ``"token"`` (Leviathan et
+    al.) or ``"greedy"``; temperature 0 always uses ``"greedy"``.
+    """
+
+    def __init__(self, target: Any, draft: Any, lookahead: int | str = 4, verify: str = "block",
+                 *, tokenizer: Any = None, draft_tokenizer: Any = None,
+                 max_lookahead: int = 16) -> None:
+        if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
+            raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
+        if verify not in _VERIFY:
+            raise ValueError(f"verify must be one of {_VERIFY}, got {verify!r}")
+        if lookahead != "auto" and (isinstance(lookahead, bool) or not isinstance(lookahead, int)
+                                    or lookahead < 0):
+            raise ValueError(f"lookahead must be an int >= 0 or 'auto', got {lookahead!r}")
+        check_model(target)
+        if isinstance(draft, torch.nn.Module):
+            check_vocabularies(target, draft, tokenizer, draft_tokenizer)
+        self.target = target
+        self._target_lm = CachedModel(target)
+        self.draft = make_draft(draft, target)
+        self.lookahead = lookahead
+        self.verify = verify
+        self.max_lookahead = max(int(max_lookahead), lookahead if isinstance(lookahead, int) else 1)
+        self.vocab = model_vocab_size(target)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: Any,
+        attention_mask: Any = None,
+        max_new_tokens: int = 128,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        seed: int | np.random.Generator | None = 0,
+    ) -> GenerationOutput:
+        """Generate up to ``max_new_tokens`` per row; each row stops at its first EOS.
+
+        ``input_ids``: ``[B, L]`` LongTensor (with ``attention_mask`` marking padding, left or
+        right) or lists of token ids. ``eos_token_id``: ``None`` uses the target's
+        ``generation_config.eos_token_id``; ``[]`` disables stopping. ``seed``: an int or numpy
+        Generator; every random choice (draft samples and verification uniforms) comes from it.
+        """
+        t_start = time.perf_counter()
+        cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+                or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        verify = "greedy" if cfg.greedy else self.verify
+        if verify == "greedy" and not cfg.greedy:
+            raise ValueError("verify='greedy' is exact only for temperature=0; use 'token' or 'block'")
+        prompts = _prompts(input_ids, attention_mask, self.vocab)
+        if eos_token_id is None:
+            gc = getattr(self.target, "generation_config", None)
+            eos_token_id = getattr(gc, "eos_token_id", None)
+        eos = np.array(sorted(_ids(eos_token_id)), dtype=np.int64)
+        tokens = TokenBuffer.from_prompts(prompts, extra=int(max_new_tokens) + self.max_lookahead + 2)
+        process = TextProcess(target=self._target_lm, draft=self.draft, tokens=tokens, cfg=cfg,
+                              eos=eos, max_new_tokens=int(max_new_tokens), vocab=self.vocab)
+        stats, prefill = Stats(), 0.0
+        if max_new_tokens > 0:
+            process.start()
+            prefill = process.prefill_time
+            result = run(process, len(prompts), int(max_new_tokens), lookahead=self.lookahead,
+                         verify=verify, rng=seed, max_lookahead=self.max_lookahead)
+            stats = result.stats
+        seqs = [tokens.ids[r, : tokens.n[r]].tolist() for r in range(len(prompts))]
+        return GenerationOutput(sequences=seqs, prompt_lengths=[len(p) for p in prompts],
+                                stats=stats, prefill_time=prefill,
+                                wall_time=time.perf_counter() - t_start)
+

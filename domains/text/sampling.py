@@ -1,0 +1,102 @@
+"""Sampling transforms (temperature, top-k, top-p) shared by the target and the draft.
+
+The generator applies :func:`probabilities` with the SAME settings to the target's and the draft's
+logits before verification, so the verified tokens are distributed exactly as the target sampled
+with those settings. The rules are those of Hugging Face's ``TemperatureLogitsWarper``,
+``TopKLogitsWarper`` and ``TopPLogitsWarper`` applied in that order (ties at the top-k boundary are
+kept; top-p keeps the smallest set of most likely tokens whose mass exceeds ``top_p``, at least
+one), computed in float32 whatever the model's dtype, with a stable sort so that the result does
+not depend on the batch a row is in.
+
+``temperature=0`` means greedy decoding: the distribution is a point mass on the first argmax.
+
+>>> import torch
+>>> from domains.text.sampling import SamplingConfig, probabilities
+>>> logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+>>> [round(v, 3) for v in probabilities(logits, SamplingConfig(top_k=2))[0].tolist()]
+[0.731, 0.269, 0.0, 0.0]
+>>> probabilities(logits, SamplingConfig(temperature=0.0)).tolist()
+[[1.0, 0.0, 0.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingConfig", "probabilities", "transform_logits"]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Temperature, top-k and top-p, validated.
+
+    >>> SamplingConfig(temperature=0).greedy
+    True
+    >>> SamplingConfig(top_p=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: top_p must be in (0, 1], got 1.5
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {k!r}")
+        p = self.top_p
+        if p is not None and (
+            isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0)
+        ):
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when temperature is 0 (argmax decoding)."""
+        return self.temperature == 0
+
+
+def transform_logits(logits: torch.Tensor, cfg: SamplingConfig,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Logits after temperature, top-k and top-p (removed tokens get ``-inf``), in ``dtype``.
+
+    ``logits``: ``[..., V]`` of any float dtype and device. Not defined for greedy configs.
+    """
+    if cfg.greedy:
+        raise ValueError("transform_logits is for temperature > 0; greedy uses argmax")
+    x = logits.to(dtype)  # [..., V]
+    if cfg.temperature != 1.0:
+        x = x / cfg.temperature
+    V = x.shape[-1]
+    if cfg.top_k is not None and cfg.top_k < V:
+        kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        x = x.masked_fill(x < kth, -math.inf)
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=False, stable=True)  # [..., V]
+        cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)  # [..., V]
+        remove_sorted = cum <= (1.0 - cfg.top_p)
+        remove_sorted[..., -1] = False  # keep at least the most likely token
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        x = x.masked_fill(remove, -math.inf)
+    return x
+
+
+def probabilities(logits: torch.Tensor, cfg: SamplingConfig,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Probabilities ``[..., V]`` (float32 by default) of the next token under ``cfg``.
+
+    Greedy (temperature 0): a one-hot vector on ``argmax(logits)`` (the first maximum, as
+    ``torch.argmax`` and ``generate(do_sample=False)`` choose).
+    """
+    if cfg.greedy:
+        top = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
+        return torch.zeros(logits.shape, dtype=dtype, device=logits.device).scatter_(-1, top, 1.0)
+    return transform_logits(logits, cfg, dtype).softmax(dim=-1)

@@ -1,0 +1,84 @@
+"""The position-indexed KV cache gives the same logits as full forward passes, for ragged batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+from domains.text.process import CachedModel, check_model, model_vocab_size
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=24, n_embd=32, n_layer=2, n_head=2,
+                                      bos_token_id=1, eos_token_id=2)).double().eval()
+
+
+def _qwen2():
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=24, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2)).double().eval()
+
+
+@pytest.fixture(params=["llama-sdpa", "llama-eager", "gpt2", "qwen2"])
+def model(request, make_llama):
+    if request.param == "gpt2":
+        return _gpt2()
+    if request.param == "qwen2":
+        return _qwen2()
+    return make_llama(attn=request.param.split("-")[1], dtype=torch.float64)
+
+
+def test_ragged_rounds_equal_full_forward(model):
+    """Rows advance by different amounts, stale slots are overwritten, rows are dropped."""
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, model_vocab_size(model), 40) for _ in range(3)]
+    lm = CachedModel(model)
+    lm.reset(batch=3, capacity=8)  # too small on purpose: the buffers must grow
+    lengths = np.array([5, 2, 9])
+    block = np.stack([np.pad(s[:L], (0, 9 - L)) for s, L in zip(seqs, lengths, strict=True)])
+    lm.forward(torch.from_numpy(block), np.zeros(3, np.int64))
+    lm.length[:] = lengths
+    rows = np.arange(3)
+    for step in range(6):
+        W = 4
+        start = lm.length.copy()
+        block = np.stack([seqs[r][s : s + W] for r, s in zip(rows, start, strict=True)])
+        got = lm.forward(torch.from_numpy(block), start)  # [R, W, V]
+        for i, r in enumerate(rows):
+            full = model(input_ids=torch.from_numpy(seqs[r][None, : start[i] + W])).logits[0]
+            torch.testing.assert_close(got[i], full[start[i] :], rtol=1e-6, atol=1e-6)  # eager: float32 softmax
+        lm.length += rng.integers(0, W + 1, len(rows))  # keep a random prefix of the block
+        if step == 2:  # drop the middle row
+            lm.select(np.array([0, 2]))
+            rows = rows[[0, 2]]
+
+
+def test_check_model_accepts_supported(model):
+    check_model(model)
+
+
+def test_check_model_rejects_a_model_ignoring_position_ids(make_llama):
+    class NoPositions(type(make_llama())):  # a model that drops position_ids
+        def forward(self, *args, position_ids=None, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    m = make_llama()
+    torch.manual_seed(0)
+    with torch.no_grad():  # large weights: attention, hence logits, depend on positions
+        for prm in m.parameters():
+            prm.normal_(0, 0.5)
+    check_model(m)  # the same weights pass when positions are honoured
+    m.__class__ = NoPositions
+    with pytest.raises(ValueError, match="position"):
+        check_model(m)
+
+
+def test_unsupported_attention_implementation(make_llama):
+    m = make_llama()
+    m.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="sdpa"):
+        CachedModel(m)

@@ -1,0 +1,127 @@
+"""The generator's output law equals the target's, for every draft, rule and sampling transform.
+
+One ``generate`` call samples N rows of each of three prompts of different lengths (so rows are
+left-padded, accept ragged numbers of drafts, and, with an EOS token, stop inside drafted blocks).
+The first ``n_new`` tokens of each row are compared with :func:`continuation_law` (exact
+probabilities from full forward passes of the target in float64) by one chi-square test over all
+(prompt, continuation) cells; continuations with expected count < 5 are pooled per prompt.
+
+Calibration: each test rejects a correct generator with probability 1e-6 (the chi-square p-value
+threshold), so the whole file has a false-alarm rate below 1e-4. Power: with N rows per prompt and
+``df`` degrees of freedom, a deviation of total variation ``eps`` in one prompt's law gives a
+noncentrality of at least ``4 N eps^2``; :func:`detectable_tv` solves for the ``eps`` caught with
+probability 0.99, and each test asserts it is at most ``FAST_TV`` = 0.15 (default run, 3000 rows
+per prompt) or ``SLOW_TV`` = 0.06 (slow runs, 24000 rows per prompt). These are worst cases (the
+deviation spread over all cells in proportion to the law); the bugs planted while writing these
+tests (a target distribution read one position off, a stale cache slot left visible, positions
+shifted for drafted tokens, a draft reporting untransformed probabilities, EOS ignored) gave
+chi-square p-values below 1e-300. Everything is seeded: a test gives the same verdict every run.
+
+The draft is an independently initialised, shallower and narrower Llama (acceptance about 0.5, so
+rounds mix rejections, residual draws, full acceptance and bonus tokens); the target's weights are
+10x the usual scale so its law depends strongly on the context and on positions.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from domains.text import SpeculativeGenerator
+from domains.text.conformance import continuation_law, pooled_counts
+from domains.text.sampling import SamplingConfig
+
+PROMPTS = [[1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2]]  # ragged; the 2nd repeats for n-gram lookups
+ALPHA = 1e-6  # false-alarm probability of each test
+POWER = 0.99
+FAST_TV, SLOW_TV = 0.15, 0.06
+
+
+def detectable_tv(n: int, df: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """TV deviation (in one prompt, n rows) that the chi-square test flags with ``power``."""
+    crit = stats.chi2.isf(alpha, df)
+    lo, hi = 0.0, 1e4
+    for _ in range(100):  # bisection on the noncentrality
+        lam = (lo + hi) / 2
+        lo, hi = (lam, hi) if stats.ncx2.sf(crit, df, lam) < power else (lo, lam)
+    return float(np.sqrt(hi / (4 * n)))
+
+
+def sample_rows(gen: SpeculativeGenerator, n: int, n_new: int, cfg: SamplingConfig,
+                eos: list[int], seed: int) -> list[list[tuple[int, ...]]]:
+    """n continuations of each prompt from ONE generate call, rows of the prompts interleaved."""
+    L = max(len(p) for p in PROMPTS)
+    rows = [PROMPTS[i % len(PROMPTS)] for i in range(n * len(PROMPTS))]
+    ids = torch.tensor([[0] * (L - len(p)) + p for p in rows])
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in rows])
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=n_new, temperature=cfg.temperature,
+                       top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=eos, seed=seed)
+    by_prompt: list[list[tuple[int, ...]]] = [[] for _ in PROMPTS]
+    for i, toks in enumerate(out.new_tokens):
+        by_prompt[i % len(PROMPTS)].append(tuple(toks))
+    return by_prompt
+
+
+def assert_law(target, samples: list[list[tuple[int, ...]]], n_new: int, cfg: SamplingConfig,
+               eos: list[int], max_tv: float) -> None:
+    stat, df = 0.0, 0
+    for prompt, got in zip(PROMPTS, samples, strict=True):
+        law = continuation_law(target, prompt, n_new, cfg, eos)
+        counts, probs = pooled_counts(got, law)
+        expected = len(got) * probs
+        impossible = (probs == 0) & (counts > 0)
+        assert not impossible.any(), f"prompt {prompt}: continuations outside the target's support"
+        keep = probs > 0
+        stat += float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+        df += int(keep.sum()) - 1
+    p_value = stats.chi2.sf(stat, df)
+    eps = detectable_tv(len(samples[0]), df)
+    assert eps <= max_tv, f"test too weak: detects TV {eps:.3f} > {max_tv} with df={df}"
+    assert p_value > ALPHA, f"chi2={stat:.1f} df={df} p={p_value:.2e}: the output law is biased"
+
+
+def _draft(kind: str, make_llama):
+    if kind == "model":
+        return make_llama(layers=1, hidden=16, heads=2, kv_heads=1, seed=1)
+    if kind == "model-v10":  # vocabulary a prefix of the target's: ids 10, 11 only via residuals
+        return make_llama(vocab=10, layers=1, hidden=16, heads=2, kv_heads=1, seed=2)
+    return {"ngram": "ngram", "early-exit": "early-exit:1"}[kind]
+
+
+# (draft, verify, temperature, top_k, top_p, eos, lookahead, n_new, rows per prompt)
+FAST = [
+    ("model", "block", 0.8, 6, 0.9, [0], 2, 3, 3000),
+    ("model-v10", "token", 1.0, None, None, [], 3, 2, 3000),
+    ("ngram", "block", 1.0, None, 0.8, [0], 3, 3, 3000),
+    ("early-exit", "token", 1.3, 5, None, [], "auto", 3, 3000),
+]
+SLOW = [
+    (d, v, t, k, p, e, la, 3, 24000)
+    for d in ("model", "ngram", "early-exit")
+    for v in ("token", "block")
+    for (t, k, p, e, la) in [(1.0, None, None, [0], 1), (0.9, 7, 0.95, [5], "auto")]
+] + [("model-v10", "block", 0.7, None, 0.9, [0], 4, 3, 24000)]
+
+
+def _run(make_llama, case, max_tv):
+    kind, verify, t, k, p, eos, la, n_new, n = case
+    target = make_llama(eos=None)
+    gen = SpeculativeGenerator(target, _draft(kind, make_llama), lookahead=la, verify=verify)
+    cfg = SamplingConfig(temperature=t, top_k=k, top_p=p)
+    samples = sample_rows(gen, n, n_new, cfg, eos, seed=zlib.crc32(str(case).encode()))
+    assert_law(target, samples, n_new, cfg, eos, max_tv)
+
+
+@pytest.mark.parametrize("case", FAST, ids=lambda c: "-".join(map(str, c[:6])))
+def test_output_law_is_the_targets(make_llama, case):
+    _run(make_llama, case, max_tv=FAST_TV)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW, ids=lambda c: "-".join(map(str, c[:7])))
+def test_output_law_is_the_targets_slow(make_llama, case):
+    _run(make_llama, case, max_tv=SLOW_TV)
