@@ -104,3 +104,15 @@ def test_a_kernel_reading_past_the_length_is_caught():
 
     with pytest.raises(AssertionError):
         kernel_round_law(ignores_lengths, T, D, 3, 2, length=1)
+
+
+def test_degenerate_rounds_k_zero():
+    """k = 0 (no drafts): every kernel's round is one draw from the target (or its argmax)."""
+    from speculate.verify import verify_greedy, verify_multi
+
+    for kernel, rule, m in [(verify_token, "token", 1), (verify_block, "block", 1),
+                            (verify_greedy, "greedy", 1), (verify_multi, "multi", 2)]:
+        law = kernel_round_law(kernel, T, D, 3, 0, rule, m)
+        assert law == round_law(T, D, 3, 0, rule, m)
+        assert law == ({(1,): F(1)} if rule == "greedy" else {(0,): F(1, 8), (1,): F(5, 8),
+                                                              (2,): F(1, 4)})

@@ -836,7 +836,7 @@ def _call_kernel(kernel, rule, arrays, sel, u):
     q = q[sel]
     if rule == "multi":
         m, K = drafts.shape[1], drafts.shape[2]
-        u_acc = np.ascontiguousarray(u[:, : K * m].reshape(-1, K, m))  # [R, K, m]
+        u_acc = np.ascontiguousarray(u[:, : K * m].reshape(len(u), K, m))  # [R, K, m]
         n_acc, nxt, branch = kernel(p, q, drafts, lengths, u_acc, np.ascontiguousarray(u[:, -1]))
         return np.stack([np.asarray(n_acc), np.asarray(nxt), np.asarray(branch)], axis=1)
     u_acc = np.ascontiguousarray(u[:, :-1])  # [R, K]
