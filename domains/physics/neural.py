@@ -138,7 +138,7 @@ def fit_potential(
         opt.step()
         sched.step()
         if log_every and (s + 1) % log_every == 0:
-            print(f"fit step {s + 1}: loss {float(loss):.3e}", flush=True)
+            print(f"fit step {s + 1}: loss {float(loss.detach()):.3e}", flush=True)
     module.eval()
     F_nn = TorchForce(module, dtype=torch.float32)(X)
     rel = float(np.linalg.norm(F_nn - force(X)) / np.linalg.norm(force(X)))
