@@ -1,7 +1,7 @@
 """Shared test settings.
 
 Statistical tests in this suite are seeded (deterministic), calibrated and powered:
-- each check runs at ALPHA = 1e-7, and the suite runs fewer than 200 of them, so a correct sampler
+- each check runs at ALPHA = 1e-7 (tests/_calib.py), and the suite runs fewer than 200 of them, so a correct sampler
   makes the whole suite fail with probability below 2e-5 (Bonferroni);
 - sample sizes come from speculate.testing.chi2_sample_size / ks_sample_size for the deviation
   each test states (TV 0.01 for the core kernels, unless a test says otherwise).
@@ -12,7 +12,6 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-ALPHA = 1e-7
 
 settings.register_profile(
     "ci",

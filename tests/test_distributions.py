@@ -1,0 +1,118 @@
+import math
+
+import numpy as np
+import pytest
+import scipy.stats as st
+
+import speculate as sp
+from speculate.distributions import as_distribution
+
+
+def test_categorical_from_logits_matches_softmax():
+    logits = np.array([[0.0, 1.0, -np.inf], [2.0, 2.0, 2.0]], np.float32)
+    d = sp.Categorical(logits=logits)
+    assert d.dtype == np.float32 and d.batch_shape == (2,)
+    np.testing.assert_allclose(d.probs[0], [1 / (1 + math.e), math.e / (1 + math.e), 0.0], rtol=1e-6)
+    np.testing.assert_allclose(d[1].probs, [1 / 3] * 3, rtol=1e-6)
+
+
+def test_categorical_renormalises_within_tolerance():
+    d = sp.Categorical(probs=[0.2, 0.3, 0.5 + 5e-7])
+    assert d.probs.sum() == pytest.approx(1.0, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"probs": [0.5, np.nan, 0.5]}, "NaN or inf at index"),
+        ({"probs": [0.7, -0.1, 0.4]}, "negative at index"),
+        ({"probs": [[0.5, 0.5], [0.2, 0.2]]}, r"sum to 0.4.*batch index \(1,\)"),
+        ({"probs": []}, "non-empty last axis"),
+        ({"logits": [0.0, np.nan]}, "NaN or \\+inf"),
+        ({"logits": [-np.inf, -np.inf]}, "every logit -inf"),
+        ({}, "exactly one of"),
+        ({"probs": [1.0], "logits": [0.0]}, "exactly one of"),
+    ],
+)
+def test_categorical_rejects_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sp.Categorical(**kwargs)
+
+
+def test_categorical_rejects_non_numeric():
+    with pytest.raises(TypeError, match="numeric"):
+        sp.Categorical(probs=["a", "b"])
+
+
+def test_categorical_sample_and_log_prob():
+    rng = np.random.default_rng(0)
+    d = sp.Categorical(probs=[[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    assert d.sample(rng).tolist() == [0, 2]
+    np.testing.assert_array_equal(d.log_prob(np.array([0, 1])), [0.0, -np.inf])
+    assert isinstance(d[0].sample(rng), int)
+    with pytest.raises(ValueError, match="outside"):
+        d[0].log_prob(3)
+    with pytest.raises(TypeError, match="integers"):
+        d[0].log_prob(1.5)
+
+
+def test_normal_batch_and_log_prob():
+    loc = np.zeros((2, 3))
+    d = sp.Normal(loc, 2.0, batch_ndims=1)
+    assert d.batch_shape == (2,) and d.event_shape == (3,)
+    y = np.ones((2, 3))
+    want = st.norm(0, 2).logpdf(1.0) * 3
+    np.testing.assert_allclose(d.log_prob(y), [want, want])
+    assert d[1].log_prob(np.ones(3)) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        ((np.zeros(3), 0.0), {}, "scale must be finite and > 0"),
+        ((np.zeros(3), np.ones(4)), {}, "does not broadcast"),
+        ((np.array([0.0, np.inf]), 1.0), {}, "not finite"),
+        ((np.zeros(3), 1.0), {"batch_ndims": 2}, "batch_ndims"),
+    ],
+)
+def test_normal_rejects_bad_input(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sp.Normal(*args, **kwargs)
+
+
+def test_point_mass_and_as_distribution():
+    d = sp.PointMass(np.array([1, 2]))
+    assert d.log_prob(np.array([1, 2])) == 0.0 and d.log_prob(np.array([2, 1])) == -math.inf
+    assert isinstance(as_distribution(3), sp.PointMass)
+    assert isinstance(as_distribution("text"), sp.PointMass)
+    c = sp.Categorical(probs=[1.0])
+    assert as_distribution(c) is c
+
+
+def test_from_scipy_discrete_and_continuous():
+    rng = np.random.default_rng(0)
+    pois = sp.from_scipy(st.poisson(3.0))
+    assert pois.discrete is True and pois.log_prob(2) == pytest.approx(st.poisson(3.0).logpmf(2))
+    assert isinstance(pois.sample(rng), (int, np.integer))
+    norm = sp.from_scipy(st.norm(1.0, 2.0))
+    assert norm.discrete is False and norm.log_prob(0.5) == pytest.approx(st.norm(1, 2).logpdf(0.5))
+    mvn = sp.from_scipy(st.multivariate_normal(np.zeros(2), np.eye(2)))
+    assert mvn.sample(rng).shape == (2,)
+    with pytest.raises(TypeError, match="frozen scipy.stats"):
+        sp.from_scipy(object())
+
+
+def test_from_torch_maps_to_exact_kinds():
+    torch = pytest.importorskip("torch")
+    td = torch.distributions
+    c = sp.from_torch(td.Categorical(probs=torch.tensor([0.25, 0.75])))
+    assert isinstance(c, sp.Categorical) and c.probs.tolist() == [0.25, 0.75]
+    n = sp.from_torch(td.Independent(td.Normal(torch.zeros(4, 3), torch.ones(4, 3)), 1))
+    assert isinstance(n, sp.Normal) and n.batch_shape == (4,) and n.event_shape == (3,)
+    g = sp.from_torch(td.Gamma(torch.tensor(2.0), torch.tensor(1.0)))
+    rng1, rng2 = np.random.default_rng(5), np.random.default_rng(5)
+    assert float(g.sample(rng1)) == float(g.sample(rng2))  # torch sampling is seeded from rng
+    assert g.discrete is False
+    assert as_distribution(td.Categorical(logits=torch.zeros(3))).num_outcomes == 3
+    with pytest.raises(TypeError, match="torch.distributions"):
+        sp.from_torch(object())
