@@ -12,7 +12,6 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-
 settings.register_profile(
     "ci",
     derandomize=True,

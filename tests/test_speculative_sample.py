@@ -122,7 +122,7 @@ def test_scipy_continuous_pairs(named, data, seed):
 @settings(max_examples=4)
 @given(scipy_distributions(discrete=True), hs.integers(0, 2**32 - 1))
 def test_scipy_discrete_pairs(named, seed):
-    name, target = named
+    _, target = named
     rng = np.random.default_rng(seed)
     draft = st.poisson(max(target.mean(), 0.5))
     n = 2_000  # catches TV ~0.1; the general rule itself is tested at TV 0.03 in proofs/02
