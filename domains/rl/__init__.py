@@ -1,0 +1,34 @@
+"""Speculative rollouts for gymnasium environments with an expensive policy (see README.md).
+
+>>> from domains.rl import speculative_rollout, speculative_rollouts, distill_policy
+"""
+
+from .distill import DistillReport, distill_policy
+from .policies import TabularPolicy
+from .rollout import (
+    Rollouts,
+    Trajectory,
+    rollout,
+    rollouts,
+    speculative_rollout,
+    speculative_rollouts,
+)
+from .snapshot_check import check_snapshot
+from .snapshots import EnvSnapshotter, SnapshotError, register_snapshot, snapshotter
+
+__all__ = [
+    "DistillReport",
+    "EnvSnapshotter",
+    "Rollouts",
+    "SnapshotError",
+    "TabularPolicy",
+    "Trajectory",
+    "check_snapshot",
+    "distill_policy",
+    "register_snapshot",
+    "rollout",
+    "rollouts",
+    "snapshotter",
+    "speculative_rollout",
+    "speculative_rollouts",
+]

@@ -1,0 +1,94 @@
+"""Conformance cases of the RL domain: speculative rollouts on slippery FrozenLake vs the exact law.
+
+Each case draws ``n`` independent episodes from :func:`domains.rl.speculative_rollouts` (a random
+stochastic tabular policy, a perturbed draft, the environment's own slippery transitions) and
+reduces each to its first two (action, observation) pairs ``(o_0, a_1, o_1, a_2, o_2)``; the law of
+that outcome is computed exactly from the policy and ``env.unwrapped.P``
+(:func:`domains.rl.exact.trajectory_law`). With ``max_steps=3`` and ``lookahead=2`` the first round
+drafts two steps, so the outcome covers a full round's decision (both drafts, the verifier's draw and
+its environment step) and the start of the next round.
+
+>>> cases = conformance_cases()
+>>> [c.name for c in cases]
+['rl: slippery FrozenLake, token, k=2', 'rl: slippery FrozenLake, block, k=2']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .exact import trajectory_key, trajectory_law
+from .policies import TabularPolicy
+from .rollout import speculative_rollouts
+
+__all__ = ["conformance_cases", "frozenlake_pair", "sample_keys"]
+
+
+def frozenlake_pair(seed: int, n_states: int = 16, mix: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """A random stochastic tabular policy ``P`` [S, 4] and a draft ``Q`` that mixes it with noise.
+
+    ``mix`` is the weight of an independent random table in the draft (0: the draft equals the policy).
+    """
+    rng = np.random.default_rng(seed)
+    P = rng.dirichlet(np.full(4, 0.7), size=n_states)
+    Q = (1 - mix) * P + mix * rng.dirichlet(np.full(4, 0.7), size=n_states)
+    return P, Q
+
+
+def sample_keys(
+    make_env: Callable[[], Any],
+    policy: Any,
+    draft: Any,
+    n: int,
+    *,
+    pairs: int,
+    max_steps: int,
+    lookahead: int | str,
+    verify: str,
+    seed: int,
+    batch: int = 500,
+) -> list[tuple]:
+    """``n`` outcomes ``(o_0, a_1, o_1, ...)`` (first ``pairs`` steps) of independent speculative episodes.
+
+    Runs ``speculative_rollouts`` on ``batch`` environments at a time (rows are independent chains),
+    with a fresh seed per call. ``policy``/``draft`` may be lists, one per environment of a batch.
+    """
+    envs = [make_env() for _ in range(min(batch, n))]
+    keys: list[tuple] = []
+    call = 0
+    while len(keys) < n:
+        m = min(len(envs), n - len(keys))
+        pol = policy[:m] if isinstance(policy, list) else policy
+        dr = draft[:m] if isinstance(draft, list) else draft
+        out = speculative_rollouts(envs[:m], pol, dr, max_steps=max_steps, lookahead=lookahead,
+                                   verify=verify, seed=seed * 1_000_003 + call)
+        keys += [trajectory_key(t, pairs) for t in out]
+        call += 1
+    return keys
+
+
+def _case(verify: str, n: int) -> Any:
+    import gymnasium as gym
+
+    from speculate.testing import ConformanceCase
+
+    P, Q = frozenlake_pair(seed=11)
+
+    def make() -> Any:
+        return gym.make("FrozenLake-v1", is_slippery=True)
+
+    law = trajectory_law(make(), P, steps=2)
+
+    def sample(n: int, seed: int) -> list:
+        return sample_keys(make, TabularPolicy(P), TabularPolicy(Q), n, pairs=2, max_steps=3,
+                           lookahead=2, verify=verify, seed=seed)
+
+    return ConformanceCase(f"rl: slippery FrozenLake, {verify}, k=2", sample, law, n=n)
+
+
+def conformance_cases() -> list:
+    """The RL cases of the shared conformance suite (about 10 s together on one CPU core)."""
+    return [_case("token", 4000), _case("block", 4000)]

@@ -1,0 +1,243 @@
+"""The policy protocol: a batch of observations in, one action distribution per observation out.
+
+A policy is any callable (a function, an object with ``__call__``, a ``torch.nn.Module``) that takes
+the observations of ``N`` environments in ONE call and returns their action distributions:
+
+- observations are batched the way a gymnasium vector environment batches them: int64 ``[N]`` for a
+  ``Discrete`` space, an array ``[N, *shape]`` for a ``Box``, a tuple / dict of such arrays for
+  ``Tuple`` / ``Dict`` spaces. A ``torch.nn.Module`` receives a tensor (float32 for real-valued
+  observations, int64 for integer ones) on the device of its first parameter, and runs under
+  ``torch.inference_mode()``;
+- for a ``Discrete`` action space it returns a :class:`speculate.Categorical` with batch shape
+  ``(N,)``, a ``torch.distributions.Categorical``, or an array / tensor of logits ``[N, n_actions]``;
+- for a ``Box`` action space it returns a :class:`speculate.Normal` with batch shape ``(N,)``
+  (``batch_ndims=1``) and event shape equal to the action shape, a ``torch.distributions.Normal``
+  (or ``Independent(Normal)``) of that shape, or a pair ``(mean, std)`` of arrays / tensors
+  ``[N, *action_shape]``. When the draft and the target have the same std, verification is by
+  reflection maximal coupling (exact, constant time); otherwise by the general rejection rule.
+- a list of ``N`` unbatched distributions is accepted too.
+
+Sampling is done by the library with its own seeded generator; a policy must be a deterministic
+function of the observations (no dropout or batch-norm in training mode).
+
+>>> import numpy as np, gymnasium as gym
+>>> from domains.rl.policies import TabularPolicy, action_distributions
+>>> env = gym.make("FrozenLake-v1")
+>>> pi = TabularPolicy(np.full((16, 4), 0.25))
+>>> d = action_distributions(pi, np.array([0, 5]), env.action_space)
+>>> d.batch_shape, d.num_outcomes
+((2,), 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from speculate.distributions import Categorical, Normal, as_distribution
+
+__all__ = ["TabularPolicy", "action_distributions", "batch_observations", "policy_name"]
+
+
+class TabularPolicy:
+    """A stochastic policy over a ``Discrete`` observation space: ``probs[s]`` is pi(. | s).
+
+    >>> import numpy as np
+    >>> pi = TabularPolicy([[0.5, 0.5], [1.0, 0.0]])
+    >>> pi(np.array([1, 0])).probs.tolist()
+    [[1.0, 0.0], [0.5, 0.5]]
+    """
+
+    def __init__(self, probs: Any) -> None:
+        self.probs = Categorical(probs=np.asarray(probs, dtype=np.float64)).probs  # [S, A], validated
+        if self.probs.ndim != 2:
+            raise ValueError(f"TabularPolicy needs probs of shape [n_states, n_actions], got {self.probs.shape}")
+
+    def __call__(self, observations: np.ndarray) -> Categorical:
+        obs = np.asarray(observations)
+        if not np.issubdtype(obs.dtype, np.integer) or obs.ndim != 1:
+            raise TypeError(f"TabularPolicy takes int observations [N], got {obs.dtype}{obs.shape}")
+        return Categorical(probs=self.probs[obs], validate=False)  # [N, A]
+
+
+def policy_name(policy: Any) -> str:
+    return getattr(policy, "__qualname__", None) or type(policy).__qualname__
+
+
+def batch_observations(space: Any, observations: Sequence[Any]) -> Any:
+    """Stack single observations the way a gymnasium vector environment would."""
+    import gymnasium as gym
+    from gymnasium.vector.utils import concatenate, create_empty_array
+
+    if isinstance(space, gym.spaces.Discrete):
+        return np.asarray(observations, dtype=np.int64)  # [N]
+    if isinstance(space, gym.spaces.Box):
+        return np.stack([np.asarray(o) for o in observations]).astype(space.dtype, copy=False)
+    out = create_empty_array(space, n=len(observations))
+    return concatenate(space, observations, out)
+
+
+def _torch_module(policy: Any) -> Any:
+    try:
+        import torch
+    except ImportError:  # torch is optional: without it nothing is a module
+        return None
+    return policy if isinstance(policy, torch.nn.Module) else None
+
+
+_STOCHASTIC_IN_TRAINING = ("Dropout", "BatchNorm", "AlphaDropout", "FeatureAlphaDropout")
+
+
+def _check_eval(module: Any, name: str) -> None:
+    for sub in module.modules():
+        if sub.training and any(t in type(sub).__name__ for t in _STOCHASTIC_IN_TRAINING):
+            raise ValueError(
+                f"policy {name} has {type(sub).__name__} in training mode, which makes its output "
+                "random or batch-dependent: call .eval() on it first"
+            )
+
+
+def _to_torch(obs: Any, module: Any) -> Any:
+    import torch
+
+    p = next(module.parameters(), None)
+    device = p.device if p is not None else torch.device("cpu")
+    if isinstance(obs, dict):
+        return {k: _to_torch(v, module) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_to_torch(v, module) for v in obs)
+    a = np.asarray(obs)
+    dtype = torch.int64 if np.issubdtype(a.dtype, np.integer) else torch.float32
+    return torch.as_tensor(a, device=device).to(dtype)
+
+
+def _numpy(x: Any) -> np.ndarray:
+    if type(x).__module__.startswith("torch"):
+        return x.detach().to("cpu").double().numpy()
+    return np.asarray(x)
+
+
+def _call(policy: Callable, obs: Any) -> Any:
+    module = _torch_module(policy)
+    if module is None:
+        return policy(obs)
+    import torch
+
+    _check_eval(module, policy_name(policy))
+    with torch.inference_mode():
+        return module(_to_torch(obs, module))
+
+
+def action_distributions(policy: Callable, observations: Any, action_space: Any, n: int | None = None) -> Any:
+    """Call ``policy`` once on a batch and return a batched Categorical ``[n, A]`` or Normal ``(n,) x shape``.
+
+    Raises ValueError / TypeError naming the policy when it returns the wrong number of
+    distributions, the wrong kind for the action space, or non-finite values.
+    """
+    import gymnasium as gym
+
+    if n is None:
+        n = len(observations)
+    name = policy_name(policy)
+    out = _call(policy, observations)
+    if isinstance(action_space, gym.spaces.Discrete):
+        return _categorical(out, n, int(action_space.n), name)
+    if isinstance(action_space, gym.spaces.Box):
+        return _normal(out, n, tuple(action_space.shape), name)
+    raise TypeError(
+        f"speculative rollouts support Discrete and Box action spaces, got {type(action_space).__name__}"
+    )
+
+
+def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
+    mod = type(out).__module__ or ""
+    if isinstance(out, (list, tuple)) and out and not isinstance(out[0], (int, float, np.number)):
+        if len(out) != n:
+            raise ValueError(f"policy {name} returned {len(out)} distributions for {n} observations")
+        dists = [as_distribution(d) for d in out]
+        if not all(isinstance(d, Categorical) and d.batch_shape == () for d in dists):
+            raise TypeError(
+                f"policy {name} must return Categorical distributions for a Discrete action space, "
+                f"got {type(dists[0]).__name__}"
+            )
+        out = Categorical(probs=np.stack([d.probs for d in dists]), validate=False)
+    elif mod.startswith("torch.distributions"):
+        import torch.distributions as td
+
+        if not isinstance(out, td.Categorical):
+            raise TypeError(
+                f"policy {name} returned a torch {type(out).__name__}; a Discrete action space needs "
+                "a Categorical"
+            )
+        out = Categorical(logits=_numpy(out.logits))
+    elif isinstance(out, Normal) or (mod.startswith("torch") and not hasattr(out, "shape")):
+        raise TypeError(
+            f"policy {name} returned {type(out).__name__}; a Discrete action space needs a Categorical "
+            "(or logits [N, n_actions])"
+        )
+    elif not isinstance(out, Categorical):
+        logits = _numpy(out)
+        if logits.dtype == object or logits.ndim != 2:
+            raise TypeError(
+                f"policy {name} returned {type(out).__name__} of shape {getattr(logits, 'shape', '?')}; "
+                f"expected a Categorical or logits [{n}, {A}]"
+            )
+        out = Categorical(logits=logits)
+    if out.batch_shape != (n,):
+        raise ValueError(
+            f"policy {name} returned distributions of batch shape {out.batch_shape} for {n} "
+            f"observations (expected ({n},): one per observation)"
+        )
+    if out.num_outcomes != A:
+        raise ValueError(f"policy {name} gives {out.num_outcomes} action probabilities; the space has {A}")
+    if not np.all(np.isfinite(out.probs)):
+        raise ValueError(f"policy {name} returned non-finite action probabilities")
+    return out
+
+
+def _normal(out: Any, n: int, shape: tuple[int, ...], name: str) -> Normal:
+    mod = type(out).__module__ or ""
+    if isinstance(out, (list,)) and out and not isinstance(out[0], (int, float, np.number)):
+        if len(out) != n:
+            raise ValueError(f"policy {name} returned {len(out)} distributions for {n} observations")
+        dists = [as_distribution(d) for d in out]
+        if not all(isinstance(d, Normal) and d.batch_shape == () for d in dists):
+            raise TypeError(
+                f"policy {name} must return Normal distributions for a Box action space, "
+                f"got {type(dists[0]).__name__}"
+            )
+        loc = np.stack([d.loc for d in dists])
+        scale = np.stack([np.broadcast_to(d.scale, d.loc.shape) for d in dists])
+        out = Normal(loc, scale, batch_ndims=1, validate=False)
+    elif mod.startswith("torch.distributions"):
+        out = as_distribution(out)
+        if not isinstance(out, Normal):
+            raise TypeError(
+                f"policy {name} returned a torch distribution that is not a Normal; a Box action "
+                "space needs Normal (or Independent(Normal)) actions"
+            )
+    elif isinstance(out, tuple) and len(out) == 2:
+        loc, scale = _numpy(out[0]), _numpy(out[1])
+        out = Normal(loc, np.broadcast_to(scale, loc.shape).copy(), batch_ndims=1)
+    elif isinstance(out, Categorical):
+        raise TypeError(f"policy {name} returned a Categorical; a Box action space needs a Normal")
+    elif not isinstance(out, Normal):
+        raise TypeError(
+            f"policy {name} returned {type(out).__name__}; a Box action space needs a speculate.Normal "
+            "(batch_ndims=1), a torch Normal, or a pair (mean, std)"
+        )
+    if out.loc.shape == (n, *shape) and out.batch_ndims != 1:  # e.g. a torch Normal over [N, D]
+        out = Normal(out.loc, np.broadcast_to(out.scale, out.loc.shape), batch_ndims=1, validate=False)
+    if out.batch_shape != (n,):
+        raise ValueError(
+                f"policy {name} returned Normals of batch shape {out.batch_shape} and event shape "
+                f"{out.event_shape} for {n} observations (expected batch ({n},), event {shape})"
+            )
+    if out.event_shape != shape:
+        raise ValueError(f"policy {name} returned actions of shape {out.event_shape}; the space has {shape}")
+    loc, scale = out.loc, np.broadcast_to(out.scale, out.loc.shape)
+    if not (np.all(np.isfinite(loc)) and np.all(np.isfinite(scale)) and np.all(scale > 0)):
+        raise ValueError(f"policy {name} returned a non-finite mean or a std that is not > 0")
+    return Normal(loc, scale, batch_ndims=1, validate=False)

@@ -1,0 +1,340 @@
+"""Speculative rollouts of gymnasium environments with an expensive policy, and plain rollouts.
+
+>>> import numpy as np, gymnasium as gym
+>>> from domains.rl import TabularPolicy, speculative_rollout
+>>> rng = np.random.default_rng(0)
+>>> policy = TabularPolicy(rng.dirichlet(np.ones(4), size=16))
+>>> draft = TabularPolicy(0.8 * policy.probs + 0.05)
+>>> traj = speculative_rollout(gym.make("FrozenLake-v1"), policy, draft, max_steps=20, seed=0)
+>>> len(traj.actions) == len(traj.rewards) == len(traj.observations) - 1
+True
+>>> traj.terminated or traj.truncated
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from speculate.distributions import Categorical, Normal
+from speculate.rounds import Stats, run
+
+from .policies import action_distributions, batch_observations
+from .process import RolloutProcess
+from .snapshots import SnapshotError, snapshotter
+
+__all__ = ["Rollouts", "Trajectory", "rollout", "rollouts", "speculative_rollout", "speculative_rollouts"]
+
+
+@dataclass
+class Trajectory:
+    """One episode (or its first ``max_steps`` steps).
+
+    ``observations`` has one more entry than ``actions`` and ``rewards`` (it starts with the reset
+    observation); arrays when the spaces are Discrete or Box, lists otherwise. ``truncated`` is True
+    when the environment truncated the episode or ``max_steps`` was reached first.
+    """
+
+    observations: Any
+    actions: Any
+    rewards: np.ndarray
+    terminated: bool
+    truncated: bool
+    infos: list = field(repr=False)
+    stats: Stats | None = field(default=None, repr=False)  #: counters of the whole run (shared)
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def total_reward(self) -> float:
+        return float(np.sum(self.rewards))
+
+
+@dataclass
+class Rollouts:
+    """The trajectories of N environments, in order, and the counters of the run that produced them."""
+
+    trajectories: list[Trajectory]
+    stats: Stats | None
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __getitem__(self, i: int) -> Trajectory:
+        return self.trajectories[i]
+
+    def __iter__(self):
+        return iter(self.trajectories)
+
+    @property
+    def steps(self) -> int:
+        return sum(len(t) for t in self.trajectories)
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs
+
+
+def _as_envs(envs_or_fns: Any) -> tuple[list, bool]:
+    """(list of single envs, whether we created them)."""
+    import gymnasium as gym
+
+    if isinstance(envs_or_fns, gym.vector.VectorEnv):
+        if isinstance(envs_or_fns, gym.vector.SyncVectorEnv):
+            return list(envs_or_fns.envs), False
+        raise SnapshotError(
+            f"{type(envs_or_fns).__qualname__}: speculative rollouts need each sub-environment in "
+            "this process to snapshot it; pass a SyncVectorEnv, a list of envs or a list of env_fns "
+            "(AsyncVectorEnv keeps its envs in other processes; a native vector env such as "
+            "CartPoleVectorEnv has no per-env snapshot)"
+        )
+    if isinstance(envs_or_fns, gym.Env):
+        return [envs_or_fns], False
+    if isinstance(envs_or_fns, (str, bytes)) or not isinstance(envs_or_fns, Sequence):
+        raise TypeError(
+            "expected a gymnasium Env, a SyncVectorEnv, or a list of envs or env constructors, got "
+            f"{type(envs_or_fns).__name__}"
+        )
+    items = list(envs_or_fns)
+    if not items:
+        raise ValueError("no environments given")
+    if all(isinstance(e, gym.Env) for e in items):
+        if len({id(e) for e in items}) != len(items):
+            raise ValueError("the same environment object appears twice: give N distinct envs")
+        return items, False
+    if all(callable(e) and not isinstance(e, gym.Env) for e in items):
+        envs = [fn() for fn in items]
+        bad = [type(e).__name__ for e in envs if not isinstance(e, gym.Env)]
+        if bad:
+            raise TypeError(f"env_fns must return gymnasium Envs, one returned {bad[0]}")
+        return envs, True
+    raise TypeError("give a list of gymnasium Envs or a list of env constructors, not a mix")
+
+
+def _check_spaces(envs: list) -> None:
+    import gymnasium as gym
+
+    a0, o0 = envs[0].action_space, envs[0].observation_space
+    if not isinstance(a0, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise TypeError(
+            f"speculative rollouts support Discrete and Box action spaces, got {type(a0).__name__}"
+        )
+    for i, e in enumerate(envs[1:], 1):
+        if e.action_space != a0 or e.observation_space != o0:
+            raise ValueError(f"environment {i} has different spaces from environment 0")
+
+
+def _per_env(policy: Any, N: int, what: str) -> list:
+    if callable(policy):
+        return [policy] * N
+    if isinstance(policy, Sequence) and len(policy) == N and all(callable(p) for p in policy):
+        return list(policy)
+    if isinstance(policy, Sequence):
+        raise ValueError(f"{what}: give one callable, or a sequence of {N} (one per environment)")
+    raise TypeError(f"{what} must be callable (observations -> action distributions), got {type(policy).__name__}")
+
+
+def _seeds(seed: int | None, N: int) -> tuple[list, np.random.Generator]:
+    """Reset seeds for the N envs and the generator of the draft and the verifier, from ``seed``."""
+    if seed is None:
+        return [None] * N, np.random.default_rng()
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+    ss = np.random.SeedSequence(int(seed))
+    env_ss, rng_ss = ss.spawn(2)
+    env_seeds = [int(s) for s in env_ss.generate_state(N, dtype=np.uint32)]
+    return env_seeds, np.random.default_rng(rng_ss)
+
+
+def _check_steps(max_steps: int) -> int:
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 0:
+        raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
+    return int(max_steps)
+
+
+def _trajectory(space: Any, act_space: Any, row: Any, stats: Stats | None) -> Trajectory:
+    import gymnasium as gym
+
+    obs: Any = row.observations
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
+        obs = batch_observations(space, obs)
+    acts: Any = row.actions
+    if isinstance(act_space, gym.spaces.Discrete):
+        acts = np.asarray(acts, dtype=np.int64)
+    else:
+        acts = np.asarray(acts, dtype=act_space.dtype).reshape(len(acts), *act_space.shape)
+    return Trajectory(obs, acts, np.asarray(row.rewards, np.float64), row.terminated, row.truncated,
+                      row.infos, stats)
+
+
+# ----------------------------------------------------------------------------------------------
+# speculative
+
+
+def speculative_rollouts(
+    envs: Any,
+    policy: Callable | Sequence[Callable],
+    draft: Callable | Sequence[Callable],
+    *,
+    max_steps: int = 500,
+    lookahead: int | str = 4,
+    verify: str = "auto",
+    seed: int | None = 0,
+    max_lookahead: int = 16,
+) -> Rollouts:
+    """Roll out N environments at once with ``policy``, drafting ahead with ``draft``; exact.
+
+    The trajectories are distributed exactly as plain rollouts of ``policy`` (:func:`rollouts`),
+    the environments' own randomness included. Each round drafts up to ``lookahead`` actions per
+    environment on a snapshot, scores all the drafted observations of all environments in ONE call of
+    ``policy``, keeps a prefix per environment (ragged), and restores each environment to its last
+    kept state. Episodes end independently (also inside a drafted block); no environment is reset
+    while drafting (autoreset is never triggered).
+
+    ``envs``: a ``gymnasium.vector.SyncVectorEnv`` (its sub-environments are stepped directly; reset
+    it before stepping it again), a list of envs, or a list of env constructors (made and closed here).
+    Each env is reset with a seed drawn from ``seed`` (the same seeds as :func:`rollouts`).
+    ``policy``/``draft``: see :mod:`domains.rl.policies`; one callable, or a list of one per env.
+    ``verify``: ``"auto"`` (block for Discrete actions, token for Box), ``"block"`` (Sun et al.,
+    Discrete only), ``"token"`` (Leviathan et al.), ``"greedy"`` (the policy's argmax action).
+    ``lookahead``: drafted steps per round, or ``"auto"``. Raises :class:`SnapshotError` for an env
+    that cannot be snapshotted exactly.
+
+    >>> import gymnasium as gym, numpy as np
+    >>> from domains.rl import TabularPolicy, speculative_rollouts
+    >>> pi = TabularPolicy(np.full((16, 4), 0.25))
+    >>> many = speculative_rollouts([lambda: gym.make("FrozenLake-v1")] * 3, pi, pi, max_steps=8)
+    >>> len(many), many.stats.acceptance_rate
+    (3, 1.0)
+    """
+    import gymnasium as gym
+
+    max_steps = _check_steps(max_steps)
+    env_list, owned = _as_envs(envs)
+    try:
+        _check_spaces(env_list)
+        N = len(env_list)
+        policies = _per_env(policy, N, "policy")
+        drafts = _per_env(draft, N, "draft")
+        discrete = isinstance(env_list[0].action_space, gym.spaces.Discrete)
+        if verify == "auto":
+            verify = "block" if discrete else "token"
+        if verify not in ("token", "block", "greedy"):
+            raise ValueError(f"verify must be 'auto', 'token', 'block' or 'greedy', got {verify!r}")
+        if not discrete and verify != "token":
+            raise ValueError(
+                f"verify={verify!r} needs Discrete actions; Box actions (Normal policies) are "
+                "verified token-wise by reflection coupling: use verify='token' or 'auto'"
+            )
+        env_seeds, rng = _seeds(seed, N)
+        snaps = [snapshotter(e) for e in env_list]  # raises SnapshotError before anything runs
+        first = [e.reset(seed=s)[0] for e, s in zip(env_list, env_seeds, strict=True)]
+        proc = RolloutProcess(env_list, snaps, first, policies, drafts, max_steps)
+        res = run(proc, N, max_steps, lookahead=lookahead, verify=verify, rng=rng,
+                  max_lookahead=max_lookahead)
+        space, act_space = env_list[0].observation_space, env_list[0].action_space
+        return Rollouts([_trajectory(space, act_space, r, res.stats) for r in proc.rows], res.stats)
+    finally:
+        if owned:
+            for e in env_list:
+                e.close()
+
+
+def speculative_rollout(
+    env: Any,
+    policy: Callable,
+    draft: Callable,
+    *,
+    max_steps: int = 500,
+    lookahead: int | str = 4,
+    verify: str = "auto",
+    seed: int | None = 0,
+    max_lookahead: int = 16,
+) -> Trajectory:
+    """One speculative episode of ``env``; see :func:`speculative_rollouts` for the arguments.
+
+    >>> import gymnasium as gym, numpy as np
+    >>> from domains.rl import TabularPolicy, speculative_rollout
+    >>> pi = TabularPolicy(np.full((16, 4), 0.25))
+    >>> traj = speculative_rollout(gym.make("FrozenLake-v1"), pi, pi, max_steps=5, seed=1)
+    >>> traj.stats.target_calls <= len(traj)
+    True
+    """
+    import gymnasium as gym
+
+    if not isinstance(env, gym.Env):
+        raise TypeError(f"speculative_rollout takes one gymnasium Env, got {type(env).__name__} "
+                        "(use speculative_rollouts for several)")
+    out = speculative_rollouts(env, policy, draft, max_steps=max_steps, lookahead=lookahead,
+                               verify=verify, seed=seed, max_lookahead=max_lookahead)
+    return out[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# plain
+
+
+def rollouts(
+    envs: Any,
+    policy: Callable | Sequence[Callable],
+    *,
+    max_steps: int = 500,
+    seed: int | None = 0,
+) -> Rollouts:
+    """Plain rollouts of N environments in lockstep: one ``policy`` call per step for all of them.
+
+    The reference that :func:`speculative_rollouts` matches in distribution (same reset seeds).
+
+    >>> import gymnasium as gym, numpy as np
+    >>> from domains.rl import TabularPolicy, rollouts
+    >>> out = rollouts([gym.make("FrozenLake-v1")], TabularPolicy(np.full((16, 4), 0.25)), max_steps=3)
+    >>> len(out[0]) <= 3
+    True
+    """
+    import gymnasium as gym
+
+    from .process import _Row
+
+    max_steps = _check_steps(max_steps)
+    env_list, owned = _as_envs(envs)
+    try:
+        _check_spaces(env_list)
+        N = len(env_list)
+        policies = _per_env(policy, N, "policy")
+        env_seeds, rng = _seeds(seed, N)
+        space, act_space = env_list[0].observation_space, env_list[0].action_space
+        discrete = isinstance(act_space, gym.spaces.Discrete)
+        rows = [_Row(e, None, e.reset(seed=s)[0]) for e, s in zip(env_list, env_seeds, strict=True)]
+        for _ in range(max_steps):
+            live = [i for i in range(N) if not rows[i].done]
+            if not live:
+                break
+            groups: dict[int, list[int]] = {}
+            for i in live:
+                groups.setdefault(id(policies[i]), []).append(i)
+            for idx in groups.values():
+                obs = batch_observations(space, [rows[i].observations[-1] for i in idx])
+                d = action_distributions(policies[idx[0]], obs, act_space, len(idx))
+                d = Categorical(probs=d.probs, validate=False) if discrete else Normal(
+                    d.loc, d.scale, batch_ndims=1, validate=False)
+                for i, a in zip(idx, d.sample(rng), strict=True):
+                    a = int(a) if discrete else np.asarray(a, dtype=act_space.dtype)
+                    rows[i].append(a, rows[i].env.step(a))
+        for r in rows:
+            if not r.done and len(r.actions) >= max_steps:
+                r.truncated = r.done = True
+        return Rollouts([_trajectory(space, act_space, r, None) for r in rows], None)
+    finally:
+        if owned:
+            for e in env_list:
+                e.close()
+
+
+def rollout(env: Any, policy: Callable, *, max_steps: int = 500, seed: int | None = 0) -> Trajectory:
+    """One plain episode of ``env`` under ``policy`` (one policy call per step)."""
+    return rollouts(env, policy, max_steps=max_steps, seed=seed)[0]
