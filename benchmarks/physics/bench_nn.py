@@ -202,11 +202,13 @@ def plot(rows: list, cost: dict, args) -> None:
     a.set(xlabel="configurations per call b", ylabel="time relative to b = 1",
           title="cost of one batched force call")
     a.legend()
-    labels = [f"dt={r['dt']:g}\n{r['draft']}\nk={r['lookahead']}" for r in rows]
+    short = {"Mueller-Brown": "MB", "frozen": "frozen"}
+    labels = [f"{r['dt']:g}\n{short[r['draft']]}\nk={r['lookahead']}" for r in rows]
     b.bar(range(len(rows)), [r["speedup"] for r in rows], color="tab:blue")
     b.axhline(1.5, color="tab:red", ls="--", lw=1, label="goal 1.5x")
     b.set_xticks(range(len(rows)), labels, fontsize=7)
-    b.set(ylabel="wall-clock speedup", title="speculative vs plain, one trajectory")
+    b.set(ylabel="wall-clock speedup", xlabel="dt / draft (MB = analytic Mueller-Brown) / lookahead",
+          title="speculative vs plain, one trajectory")
     b.legend()
     fig.tight_layout()
     fig.savefig(RESULTS / f"{args.out}.png", dpi=120)

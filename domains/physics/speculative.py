@@ -115,6 +115,13 @@ class LangevinProcess:
             loc[:, i] = model.mean(S[:, i], F)
             noise = rng.standard_normal(loc.shape[0:1] + loc.shape[2:])  # [R, N, d]
             S[:, i + 1] = loc[:, i] + self.scale * noise
+            blown = ~np.isfinite(S[:, i + 1].reshape(R, -1)).all(axis=1)
+            if blown.any():                                         # a finite but huge draft force
+                cut = blown & (lengths > i)
+                self.draft_truncations += int(cut.sum())
+                lengths[cut] = i
+                loc[blown, i] = S[blown, i]                         # keep every array finite
+                S[blown, i + 1] = S[blown, i]
         self._round = {"S": S, "G": G, "lengths": lengths}
         dists = Normal(loc, self.scale, batch_ndims=2, validate=False)
         return Proposal(outcomes=S[:, 1:], dists=dists, lengths=lengths)

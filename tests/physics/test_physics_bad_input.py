@@ -82,3 +82,11 @@ def test_zero_steps_returns_x0():
         traj = fn(model, np.ones((2, 1)), 0)
         assert traj.positions.shape == (1, 2, 1)
         np.testing.assert_array_equal(traj.final, np.ones((2, 1)))
+
+
+def test_overflowing_draft_is_cut_short_not_an_error():
+    # free particle; the draft's mean x + dt F overflows to inf (F = 1.7e308, dt = 2)
+    model = Langevin(force=np.zeros_like, draft_force=lambda X: np.full_like(X, 1.7e308), dt=2.0)
+    with np.errstate(over="ignore"):
+        traj = speculative_simulate(model, np.zeros((2, 1, 1)), 10, lookahead=3, seed=0)
+    assert np.isfinite(traj.positions).all() and traj.stats.draft_truncations > 0
