@@ -59,6 +59,8 @@ class TabularPolicy:
         obs = np.asarray(observations)
         if not np.issubdtype(obs.dtype, np.integer) or obs.ndim != 1:
             raise TypeError(f"TabularPolicy takes int observations [N], got {obs.dtype}{obs.shape}")
+        if obs.size and (obs.min() < 0 or obs.max() >= len(self.probs)):
+            raise ValueError(f"TabularPolicy has {len(self.probs)} states, got observation {obs.max()}")
         return Categorical(probs=self.probs[obs], validate=False)  # [N, A]
 
 
@@ -153,7 +155,12 @@ def action_distributions(policy: Callable, observations: Any, action_space: Any,
 
 def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
     mod = type(out).__module__ or ""
-    if isinstance(out, (list, tuple)) and out and not isinstance(out[0], (int, float, np.number)):
+    if isinstance(out, tuple):
+        raise TypeError(
+            f"policy {name} returned a tuple (a (mean, std) pair?); a Discrete action space needs a "
+            "Categorical (or logits [N, n_actions])"
+        )
+    if isinstance(out, list) and out and not isinstance(out[0], (int, float, np.number)):
         if len(out) != n:
             raise ValueError(f"policy {name} returned {len(out)} distributions for {n} observations")
         dists = [as_distribution(d) for d in out]
@@ -220,7 +227,14 @@ def _normal(out: Any, n: int, shape: tuple[int, ...], name: str) -> Normal:
             )
     elif isinstance(out, tuple) and len(out) == 2:
         loc, scale = _numpy(out[0]), _numpy(out[1])
-        out = Normal(loc, np.broadcast_to(scale, loc.shape).copy(), batch_ndims=1)
+        try:
+            scale = np.broadcast_to(scale, loc.shape)
+        except ValueError:
+            raise ValueError(f"policy {name} returned a std of shape {scale.shape} for a mean of shape "
+                             f"{loc.shape}") from None
+        if loc.ndim == 0 or loc.dtype == object:
+            raise TypeError(f"policy {name} returned a (mean, std) pair that is not two arrays [N, *shape]")
+        out = Normal(loc.astype(np.float64), scale.astype(np.float64), batch_ndims=1, validate=False)
     elif isinstance(out, Categorical):
         raise TypeError(f"policy {name} returned a Categorical; a Box action space needs a Normal")
     elif not isinstance(out, Normal):

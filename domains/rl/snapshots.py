@@ -41,6 +41,7 @@ import copy
 import enum
 import random
 import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,19 @@ _DATA_LEAVES = (np.random.Generator, np.random.BitGenerator, np.random.RandomSta
 _PICKLE_HOOKS = ("__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__deepcopy__", "__copy__")
 
 
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: set for classes created by a class statement
+
+
+def _compiled_class(cls: type) -> str | None:
+    """The first class in ``cls``'s MRO implemented in C (whose state deepcopy cannot see), if any."""
+    for klass in cls.__mro__:
+        if klass is object or klass is typing.Generic:
+            continue
+        if not klass.__flags__ & _HEAPTYPE or "pybind11" in type(klass).__module__:
+            return f"{klass.__module__}.{klass.__qualname__}"
+    return None
+
+
 def _custom_pickling(cls: type) -> str | None:
     for name in _PICKLE_HOOKS:
         for klass in cls.__mro__:
@@ -156,6 +170,8 @@ def _plain_data_problem(value: Any, path: str, seen: set[int]) -> str | None:
     cls = type(value)
     if not hasattr(value, "__dict__") or cls.__module__ == "builtins":
         return f"{path} is a {cls.__module__}.{cls.__qualname__}, not plain Python data"
+    if (compiled := _compiled_class(cls)) is not None:
+        return f"{path} is a {cls.__qualname__}, built on {compiled} (implemented in C)"
     if hasattr(cls, "__slots__"):
         return f"{path} is a {cls.__qualname__} with __slots__"
     if (hook := _custom_pickling(cls)) is not None:

@@ -1,0 +1,52 @@
+"""distill_policy: a small draft learns the expensive policy's action distributions (deterministic:
+seeded rollouts, seeded torch)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from domains.rl import distill_policy
+from domains.rl.distill import acceptance
+from domains.rl.models import GaussianMLPPolicy, MLPPolicy
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("loss", ["kl", "tv"])
+def test_distill_raises_acceptance_on_cartpole(loss: str) -> None:
+    torch.manual_seed(0)
+    teacher = MLPPolicy(4, 2, hidden=(64, 64), temperature=0.5).eval()
+    student = MLPPolicy(4, 2, hidden=(16,))
+    rep = distill_policy(teacher, student, lambda: gym.make("CartPole-v1"), episodes=8, max_steps=200,
+                         steps=300, loss=loss, seed=0)
+    assert rep.train_states > 100 and rep.heldout_states > 20
+    assert rep.acceptance_after > rep.acceptance_before + 0.05, rep
+    assert rep.acceptance_after > 0.85, rep
+    assert not student.training
+
+
+def test_distill_gaussian_draft_on_pendulum() -> None:
+    torch.manual_seed(1)
+    teacher = GaussianMLPPolicy(3, 1, hidden=(32,), std=0.4).eval()
+    student = GaussianMLPPolicy(3, 1, hidden=(16,), std=0.4)
+    rep = distill_policy(teacher, student, gym.make("Pendulum-v1"), episodes=3, max_steps=100, steps=300, seed=0)
+    assert rep.acceptance_after > max(rep.acceptance_before, 0.8), rep
+
+
+def test_acceptance_is_one_for_identical_policies_and_errors() -> None:
+    pi = MLPPolicy(4, 2).eval()
+    x = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
+    assert acceptance(pi, pi, x, gym.make("CartPole-v1").action_space) == pytest.approx(1.0)
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+        distill_policy(pi, lambda o: o, lambda: gym.make("CartPole-v1"))
+    with pytest.raises(ValueError, match="loss"):
+        distill_policy(pi, MLPPolicy(4, 2), lambda: gym.make("CartPole-v1"), loss="js")

@@ -1,0 +1,130 @@
+"""Bookkeeping of speculative rollouts, checked exactly (no statistics).
+
+With a deterministic target policy the trajectory is a function of the environment's seed only:
+restoring snapshots with their RNG makes every committed step read the environment's random stream
+where a plain rollout would, so speculative rollouts must reproduce plain rollouts bit for bit, under
+every rule, whatever the draft proposes. This pins down the commit logic: observations, rewards,
+infos and flags in the right places, episodes that terminate or are truncated (TimeLimit, or
+``max_steps``) inside a drafted block, ragged rows, restored RNGs.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from domains.rl import TabularPolicy, rollouts, speculative_rollout, speculative_rollouts
+
+
+class ArgmaxOf:
+    """A deterministic (one-hot) policy: the argmax of another policy's probabilities."""
+
+    def __init__(self, policy, n_actions: int) -> None:
+        self.policy, self.n = policy, n_actions
+
+    def __call__(self, obs):
+        out = self.policy(obs)
+        probs = out.probs if hasattr(out, "probs") else out
+        return np.eye(self.n)[np.argmax(probs, axis=-1)] * 60.0 - 30.0  # logits [N, A]: one-hot softmax
+
+
+class CartPoleLinear:
+    """logits [N, 2] = (w . obs) * [-1, 1] / temperature: a good CartPole controller when w is right."""
+
+    def __init__(self, w, temperature: float = 0.2) -> None:
+        self.w, self.t = np.asarray(w, np.float64), temperature
+
+    def __call__(self, obs):
+        z = obs @ self.w / self.t
+        return np.stack([-z, z], axis=1)
+
+
+def _same(a, b) -> None:
+    assert len(a) == len(b)
+    for ta, tb in zip(a, b, strict=True):
+        np.testing.assert_array_equal(ta.observations, tb.observations)
+        np.testing.assert_array_equal(ta.actions, tb.actions)
+        np.testing.assert_array_equal(ta.rewards, tb.rewards)
+        assert (ta.terminated, ta.truncated) == (tb.terminated, tb.truncated)
+        assert ta.infos == tb.infos
+
+
+@pytest.mark.parametrize("verify", ["token", "block", "greedy"])
+def test_deterministic_policy_reproduces_plain_rollouts_on_slippery_frozenlake(verify: str) -> None:
+    rng = np.random.default_rng(0)
+    base = TabularPolicy(rng.dirichlet(np.ones(4), size=16))
+    target = ArgmaxOf(base, 4)
+    draft = TabularPolicy(rng.dirichlet(np.ones(4), size=16))  # disagrees often
+    envs = [gym.make("FrozenLake-v1", is_slippery=True) for _ in range(40)]
+    spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=3, verify=verify, seed=5)
+    plain = rollouts(envs, target, max_steps=30, seed=5)
+    _same(spec, plain)
+    assert spec.stats.rejections > 0  # the draft was wrong sometimes: restores happened
+    assert any(t.terminated for t in spec) and any(len(t) > 3 for t in spec)
+
+
+@pytest.mark.parametrize("verify", ["token", "block"])
+@pytest.mark.parametrize("lookahead", [1, 4, 9])
+def test_episode_ends_inside_a_drafted_block(verify: str, lookahead: int) -> None:
+    """CartPole: termination (a bad controller) and TimeLimit truncation (max_episode_steps=13) both
+    fall inside drafted blocks; max_steps=500 is never reached."""
+    target = ArgmaxOf(CartPoleLinear([0.0, 0.0, 1.0, 0.3]), 2)
+    draft = CartPoleLinear([0.1, 0.2, 1.0, 0.1], temperature=0.5)
+    bad = ArgmaxOf(CartPoleLinear([0.0, 0.0, -1.0, -0.3]), 2)  # pushes the pole over
+    for pol, make in [(target, lambda: gym.make("CartPole-v1", max_episode_steps=13)),
+                      (bad, lambda: gym.make("CartPole-v1"))]:
+        envs = [make() for _ in range(8)]
+        spec = speculative_rollouts(envs, pol, draft, max_steps=500, lookahead=lookahead, verify=verify, seed=1)
+        _same(spec, rollouts(envs, pol, max_steps=500, seed=1))
+        assert all(t.terminated or t.truncated for t in spec)
+    assert all(t.truncated and len(t) == 13 for t in speculative_rollouts(
+        [gym.make("CartPole-v1", max_episode_steps=13)], target, draft, lookahead=lookahead, verify=verify))
+
+
+def test_max_steps_inside_a_block_and_zero_steps() -> None:
+    target = ArgmaxOf(CartPoleLinear([0.0, 0.0, 1.0, 0.3]), 2)
+    draft = CartPoleLinear([0.0, 0.0, 1.0, 0.3], temperature=0.3)
+    for max_steps in (0, 1, 2, 7, 10):
+        t = speculative_rollout(gym.make("CartPole-v1"), target, draft, max_steps=max_steps, lookahead=4, seed=2)
+        assert len(t) == max_steps and len(t.observations) == max_steps + 1
+        assert t.truncated == (max_steps > 0) and not t.terminated
+        assert t.observations.shape == (max_steps + 1, 4) and t.actions.dtype == np.int64
+
+
+def test_same_seed_same_trajectories_and_inputs_agree() -> None:
+    rng = np.random.default_rng(1)
+    P, Q = rng.dirichlet(np.ones(4), size=16), rng.dirichlet(np.ones(4), size=16)
+    fns = [lambda: gym.make("FrozenLake-v1", is_slippery=True)] * 5
+    a = speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=20, seed=9)
+    b = speculative_rollouts([f() for f in fns], TabularPolicy(P), TabularPolicy(Q), max_steps=20, seed=9)
+    c = speculative_rollouts(gym.vector.SyncVectorEnv(fns), TabularPolicy(P), TabularPolicy(Q), max_steps=20, seed=9)
+    _same(a, b)
+    _same(a, c)
+    d = speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=20, seed=10)
+    assert any(len(x) != len(y) or not np.array_equal(x.actions, y.actions) for x, y in zip(a, d, strict=True))
+
+
+def test_draft_equal_to_policy_keeps_everything() -> None:
+    rng = np.random.default_rng(2)
+    pi = TabularPolicy(rng.dirichlet(np.ones(4), size=64))
+    out = speculative_rollouts([gym.make("FrozenLake-v1", map_name="8x8", is_slippery=False) for _ in range(3)],
+                               pi, pi, max_steps=40, lookahead=4, verify="block", seed=0)
+    s = out.stats
+    assert s.acceptance_rate == 1.0 and s.rejections == 0
+    assert s.target_calls < out.steps  # several steps per target call
+
+
+def test_stats_and_ragged_rows() -> None:
+    """Rows finish at different rounds; every row's trajectory is internally consistent."""
+    rng = np.random.default_rng(3)
+    P = rng.dirichlet(np.ones(4), size=16)
+    Q = 0.6 * P + 0.4 * rng.dirichlet(np.ones(4), size=16)
+    out = speculative_rollouts([gym.make("FrozenLake-v1", is_slippery=True) for _ in range(30)],
+                               TabularPolicy(P), TabularPolicy(Q), max_steps=50, lookahead="auto", seed=4)
+    assert len({len(t) for t in out}) > 3
+    for t in out:
+        assert len(t.rewards) == len(t.actions) == len(t.infos) == len(t.observations) - 1
+        assert t.terminated != t.truncated
+        assert all("prob" in info for info in t.infos)
+    assert out.stats.proposed >= out.stats.accepted > 0
