@@ -26,8 +26,9 @@ from ._sample import (
     draw_residual_np,
     draw_row,
     draw_row_np,
+    n_blocks,
     residual_total,
-    residual_weights_np,
+    residual_total_np,
 )
 
 
@@ -55,13 +56,14 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, stat
         if P[i] > 0.0:
             last_pos = i
     tau = 0
+    bs = np.empty(n_blocks(V), np.float64)
     for i in range(last_pos, 0, -1):
         if i == L:
             h = P[i]
         elif P[i] >= 1.0:
             h = 1.0
         else:
-            R = residual_total(p[b, i], q[b, i], P[i])
+            R = residual_total(p[b, i], q[b, i], P[i], bs)
             if R < 0.0:
                 status[b], where[b] = NOT_FINITE, i
                 return
@@ -70,13 +72,9 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, stat
             tau = i
             break
     if tau == L:
-        j, st = draw_row(p[b, L], u_next[b])
+        j, st = draw_row(p[b, L], u_next[b], bs)
     else:
-        total = residual_total(p[b, tau], q[b, tau], P[tau])
-        if total < 0.0:
-            status[b], where[b] = NOT_FINITE, tau
-            return
-        j, st = draw_residual(p[b, tau], q[b, tau], P[tau], total, u_next[b], tiny)
+        j, st = draw_residual(p[b, tau], q[b, tau], P[tau], u_next[b], tiny, bs)
     n_out[b], next_out[b], status[b], where[b] = tau, j, st, tau
 
 
@@ -126,11 +124,10 @@ def reference(p, q, drafts, lengths, u_accept, u_next, tiny):
                 elif P[i] >= 1.0:
                     h = 1.0
                 else:
-                    w = residual_weights_np(p[b, i], q[b, i], P[i])
-                    if w is None:
+                    R = residual_total_np(p[b, i], q[b, i], P[i])
+                    if R < 0.0:
                         bad, at = NOT_FINITE, i
                         break
-                    R = float(np.cumsum(w)[-1])
                     h = R / (R + 1.0 - P[i])
                 if u_accept[b, i - 1] < h:
                     tau = i

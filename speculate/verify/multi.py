@@ -18,7 +18,19 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._sample import BAD_INDEX, NOT_FINITE, OK, Q_ZERO, draw_row, draw_row_np
+from ._sample import (
+    BAD_INDEX,
+    NOT_FINITE,
+    OK,
+    Q_ZERO,
+    _w,
+    draw_row,
+    draw_row_np,
+    n_blocks,
+    sums_np,
+    weight_sums,
+    weights_np,
+)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -26,6 +38,7 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, bran
     m, V = p.shape[1], p.shape[3]
     alive = np.ones(m, np.bool_)
     w = np.empty(V, np.float64)
+    bs = np.empty(n_blocks(V), np.float64)
     n = 0
     while True:
         j0 = 0
@@ -54,17 +67,14 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, bran
             if u_accept[b, n, j] * qx * Z < w[x]:
                 kept = j
                 break
-            total = 0.0
-            for v in range(V):
-                d = w[v] - Z * np.float64(q[b, j, n, v])
-                if d > 0.0:
-                    total += d
+            qrow = q[b, j, n]
+            total = weight_sums(w, qrow, 1.0, Z, 1, bs)
             if not np.isfinite(total):
                 status[b], where[b] = NOT_FINITE, n
                 return
             if total > tiny:
                 for v in range(V):
-                    w[v] = max(w[v] - Z * np.float64(q[b, j, n, v]), 0.0)
+                    w[v] = _w(w, qrow, 1.0, Z, 1, v)
                 Z = total
         if kept >= 0:
             x = drafts[b, kept, n]
@@ -73,9 +83,9 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, bran
             n += 1
             continue
         if any_candidate:
-            idx, st = draw_row(w, u_next[b])
+            idx, st = draw_row(w, u_next[b], bs)
         else:
-            idx, st = draw_row(p[b, j0, n], u_next[b])
+            idx, st = draw_row(p[b, j0, n], u_next[b], bs)
         n_out[b], next_out[b], branch_out[b], status[b], where[b] = n, idx, j0, st, n
         return
 
@@ -150,8 +160,8 @@ def reference(p, q, drafts, lengths, u_accept, u_next, tiny):
                 if u_accept[b, n, j] * qx * Z < w[x]:
                     kept = j
                     break
-                w2 = np.maximum(w - Z * np.asarray(q[b, j, n], dtype=np.float64), 0.0)
-                total = float(np.cumsum(w2)[-1])
+                w2 = weights_np(w, q[b, j, n], 1.0, Z, 1)
+                _, total = sums_np(w2)
                 if not np.isfinite(total):
                     bad = NOT_FINITE
                     break

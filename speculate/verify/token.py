@@ -23,7 +23,7 @@ from ._sample import (
     draw_residual_np,
     draw_row,
     draw_row_np,
-    residual_total,
+    n_blocks,
 )
 
 
@@ -49,14 +49,11 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, stat
             n += 1
         else:
             break
+    bs = np.empty(n_blocks(V), np.float64)
     if n == L:
-        j, st = draw_row(p[b, n], u_next[b])
+        j, st = draw_row(p[b, n], u_next[b], bs)
     else:
-        total = residual_total(p[b, n], q[b, n], 1.0)
-        if total < 0.0:
-            status[b], where[b] = NOT_FINITE, n
-            return
-        j, st = draw_residual(p[b, n], q[b, n], 1.0, total, u_next[b], tiny)
+        j, st = draw_residual(p[b, n], q[b, n], 1.0, u_next[b], tiny, bs)
     n_out[b], next_out[b], status[b], where[b] = n, j, st, n
 
 

@@ -1,0 +1,147 @@
+"""Throughput of the verification kernels next to a NumPy copy of the same bytes, in one run.
+
+B=64 rows, K=8 drafts, V=32000, float32 (the issue's setting). The token kernel reads, per row, the
+drafted entries and then ONE pair of rows (p, q) at the first rejection (the residual) or the
+target's bonus row: the bytes it touches are measured against np.copy of exactly those rows
+(gathered into a buffer). Block verification reads more (its R_i sums); it is measured against a
+copy of the rows it scans and against a copy of all of p and q.
+
+Run:  .venv/bin/python benchmarks/bench_kernels.py   (writes benchmarks/results/kernels.{json,md})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from speculate.verify import verify_block, verify_greedy, verify_token
+
+OUT = Path(__file__).parent / "results"
+B, K, V = 64, 8, 32000
+
+
+def best_of(fn, repeat: int = 30) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.min(times))
+
+
+def problem(rng):
+    p = rng.dirichlet(np.full(V, 0.3), (B, K + 1)).astype(np.float32)
+    q = (0.6 * p[:, :K] + 0.4 * rng.dirichlet(np.full(V, 0.3), (B, K))).astype(np.float32)
+    q /= q.sum(-1, keepdims=True)
+    return p, q
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    p, q = problem(rng)
+    rows = np.arange(B)
+    # regimes: reject at the first draft (residual at position 0), all kept (bonus row), typical
+    worst = np.argmax(q[:, 0] - p[:, 0], axis=-1)  # p/q < 1 there: rejected when u ~ 1
+    drafts_mixed = np.stack([np.argmax(q[:, i] * (0.5 + rng.random((B, V))), -1) for i in range(K)], 1)
+    drafts_reject = drafts_mixed.copy()
+    drafts_reject[:, 0] = worst
+    regimes = {
+        "reject_first": (drafts_reject, np.full((B, K), 1 - 1e-9)),
+        "accept_all": (drafts_mixed, np.zeros((B, K))),
+        "typical": (drafts_mixed, rng.random((B, K))),
+    }
+    u_next = rng.random(B)
+    results = {}
+    for name, (d, u) in regimes.items():
+        n, _ = verify_token(p, q, d, None, u, u_next)
+        # bytes the token kernel touches: the residual rows (p, q at position n) or the bonus row of p
+        rej = n < K
+        touched = (rej.sum() * 2 + (~rej).sum()) * V * 4
+        gp, gq = np.empty((B, V), np.float32), np.empty((int(rej.sum()), V), np.float32)
+
+        def copy_same(n=n, rej=rej, gp=gp, gq=gq):
+            np.copyto(gp, p[rows, n])
+            np.copyto(gq, q[rows[rej], n[rej]])
+
+        t_tok = {
+            par: best_of(lambda par=par, d=d, u=u: verify_token(p, q, d, None, u, u_next, parallel=par))
+            for par in (False, True)
+        }
+        t_copy = best_of(copy_same)
+        nb, _ = verify_block(p, q, d, None, u, u_next)
+        t_blk = {
+            par: best_of(lambda par=par, d=d, u=u: verify_block(p, q, d, None, u, u_next, parallel=par))
+            for par in (False, True)
+        }
+        results[name] = {
+            "mean_accepted_token": float(n.mean()),
+            "mean_accepted_block": float(nb.mean()),
+            "token_bytes_touched": int(touched),
+            "token_serial_s": t_tok[False],
+            "token_parallel_s": t_tok[True],
+            "copy_same_bytes_s": t_copy,
+            "token_GBps": touched / min(t_tok.values()) / 1e9,
+            "copy_GBps": touched / t_copy / 1e9,
+            "token_over_copy": min(t_tok.values()) / t_copy,
+            "block_serial_s": t_blk[False],
+            "block_parallel_s": t_blk[True],
+        }
+    full = np.empty_like(p), np.empty_like(q)
+    t_full = best_of(lambda: (np.copyto(full[0], p), np.copyto(full[1], q)), repeat=10)
+    t_greedy = best_of(lambda: verify_greedy(p, drafts_mixed, None))
+    meta = {
+        "command": "python benchmarks/bench_kernels.py",
+        "setting": {"B": B, "K": K, "V": V, "dtype": "float32"},
+        "full_copy_p_and_q_s": t_full,
+        "full_copy_GBps": (p.nbytes + q.nbytes) / t_full / 1e9,
+        "greedy_s": t_greedy,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}",
+        "regimes": results,
+    }
+    OUT.mkdir(exist_ok=True)
+    (OUT / "kernels.json").write_text(json.dumps(meta, indent=2))
+    lines = [
+        "# Verification kernels vs a NumPy copy of the same bytes",
+        "",
+        f"Command: `{meta['command']}`. Setting: B={B}, K={K}, V={V}, float32; best of 30 runs; {meta['machine']}.",
+        "",
+        "Token kernel: bytes touched = the residual rows (p and q at the first rejection) or the target's bonus row.",
+        "",
+        "| regime | mean kept (token) | bytes touched | token serial | token parallel | copy of same bytes "
+        "| token GB/s | copy GB/s | token / copy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['mean_accepted_token']:.2f} | {r['token_bytes_touched'] / 1e6:.1f} MB | "
+            f"{r['token_serial_s'] * 1e3:.2f} ms | {r['token_parallel_s'] * 1e3:.2f} ms | "
+            f"{r['copy_same_bytes_s'] * 1e3:.2f} ms | "
+            f"{r['token_GBps']:.1f} | {r['copy_GBps']:.1f} | {r['token_over_copy']:.2f} |"
+        )
+    lines += [
+        "",
+        "Block kernel (scans positions from the last down and stops at the first success; each scanned "
+        "position reads one p and one q row):",
+        "",
+        "| regime | mean kept (block) | block serial | block parallel | full copy of p and q |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['mean_accepted_block']:.2f} | {r['block_serial_s'] * 1e3:.2f} ms | "
+            f"{r['block_parallel_s'] * 1e3:.2f} ms | {t_full * 1e3:.2f} ms |"
+        )
+    lines += ["", f"Greedy kernel (argmax rows until the first mismatch): {t_greedy * 1e3:.2f} ms.", ""]
+    (OUT / "kernels.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
