@@ -1,4 +1,4 @@
-"""Exact laws of short continuations, and the text domain's conformance cases.
+"""Exact laws of short continuations, tiny test models, and the text domain's conformance cases.
 
 :func:`continuation_law` computes, with full (uncached) forward passes of a float64 copy of the
 target, the exact probability of every continuation of a prompt of up to ``n_new`` tokens under a
@@ -27,7 +27,30 @@ import torch
 
 from .sampling import SamplingConfig, probabilities
 
-__all__ = ["continuation_law", "pooled_counts"]
+__all__ = ["PROMPTS", "conformance_cases", "continuation_law", "tiny_llama"]
+
+#: three prompts of different lengths (rows get left-padded); the second repeats for n-gram lookups
+PROMPTS = ([1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2])
+
+
+def tiny_llama(vocab: int = 12, hidden: int = 32, layers: int = 2, heads: int = 4,
+               kv_heads: int = 2, seed: int = 0, dtype: torch.dtype = torch.float32,
+               attn: str = "sdpa", init_std: float = 0.2, eos: int | None = None) -> Any:
+    """A random Llama built from a config (no download).
+
+    ``init_std`` 0.2 (10x the usual) makes the next-token law depend clearly on the context and
+    on positions, so that a caching or position bug changes the output law.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=512, bos_token_id=None, eos_token_id=eos, pad_token_id=None,
+        tie_word_embeddings=False, attn_implementation=attn, initializer_range=init_std,
+    )
+    return LlamaForCausalLM(cfg).to(dtype).eval()
 
 
 @torch.inference_mode()
@@ -63,22 +86,50 @@ def continuation_law(
     return law
 
 
-def pooled_counts(
-    samples: Sequence[Sequence[int]], law: dict[tuple[int, ...], float],
-    min_expected: float = 5.0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Observed counts and law probabilities per cell; rare cells share one pooled cell.
+def _case(name: str, draft: str, verify: str, cfg: SamplingConfig, eos: list[int],
+          lookahead: int | str, n_new: int = 2, n: int = 9000) -> Any:
+    """A case whose outcome is (prompt index, first ``n_new`` tokens), the prompt drawn uniformly."""
+    from speculate.testing import ConformanceCase
 
-    Outcomes whose expected count ``len(samples) * law`` is below ``min_expected`` (and outcomes
-    outside the law's support) fall into a last, pooled cell, so an impossible outcome is always
-    counted against a small expected probability.
+    from .generator import SpeculativeGenerator
+
+    target = tiny_llama()
+    d = tiny_llama(layers=1, hidden=16, heads=2, kv_heads=1, seed=1) if draft == "model" else draft
+    gen = SpeculativeGenerator(target, d, lookahead=lookahead, verify=verify)
+    law = {(i, *s): w / len(PROMPTS) for i, p in enumerate(PROMPTS)
+           for s, w in continuation_law(target, p, n_new, cfg, eos).items()}
+
+    def sample(count: int, seed: int) -> list[tuple[int, ...]]:
+        rng = np.random.default_rng(seed)
+        which = rng.integers(0, len(PROMPTS), count)
+        L = max(len(p) for p in PROMPTS)
+        ids = torch.tensor([[0] * (L - len(PROMPTS[w])) + PROMPTS[w] for w in which])
+        mask = torch.tensor([[0] * (L - len(PROMPTS[w])) + [1] * len(PROMPTS[w]) for w in which])
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            out = gen.generate(ids, attention_mask=mask, max_new_tokens=n_new, seed=rng,
+                               temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                               eos_token_id=eos)
+        finally:
+            torch.set_num_threads(threads)
+        return [(int(w), *t) for w, t in zip(which, out.new_tokens, strict=True)]
+
+    return ConformanceCase(name=name, sample=sample, law=law, n=n)
+
+
+def conformance_cases() -> list[Any]:
+    """The text domain's cases for the shared exactness suite (``speculate.testing``).
+
+    Each samples a batch of rows with prompts of different lengths through
+    :class:`~domains.text.SpeculativeGenerator` on tiny random Llamas, and gives the exact law of
+    (prompt, first two tokens) from :func:`continuation_law`. A few seconds each on one CPU core.
     """
-    n = len(samples)
-    big = sorted((s for s in law if n * law[s] >= min_expected), key=lambda s: -law[s])
-    index = {s: i for i, s in enumerate(big)}
-    counts = np.zeros(len(big) + 1, np.int64)
-    for s in samples:
-        counts[index.get(tuple(s), len(big))] += 1
-    probs = np.array([law[s] for s in big] + [0.0])
-    probs[-1] = max(0.0, 1.0 - probs[:-1].sum())
-    return counts, probs
+    return [
+        _case("text: model draft, block, T=0.8 top-k 6 top-p 0.9, EOS", "model", "block",
+              SamplingConfig(0.8, 6, 0.9), [0], 2),
+        _case("text: n-gram draft, token, top-k 5", "ngram", "token",
+              SamplingConfig(1.0, 5, None), [], 3),
+        _case("text: early-exit draft, block, T=1.2 top-k 6, auto lookahead", "early-exit:1",
+              "block", SamplingConfig(1.2, 6, None), [], "auto"),
+    ]

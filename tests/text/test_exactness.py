@@ -4,14 +4,16 @@ One ``generate`` call samples N rows of each of three prompts of different lengt
 left-padded, accept ragged numbers of drafts, and, with an EOS token, stop inside drafted blocks).
 The first ``n_new`` tokens of each row are compared with :func:`continuation_law` (exact
 probabilities from full forward passes of the target in float64) by one chi-square test over all
-(prompt, continuation) cells; continuations with expected count < 5 are pooled per prompt.
+(prompt, continuation) cells: the statistics of ``speculate.testing.chi2_gof`` for each prompt
+(cells with expected count < 5 merged) are summed, on the summed degrees of freedom.
 
-Calibration: each test rejects a correct generator with probability 1e-6 (the chi-square p-value
-threshold), so the whole file has a false-alarm rate below 1e-4. Power: with N rows per prompt and
-``df`` degrees of freedom, a deviation of total variation ``eps`` in one prompt's law gives a
-noncentrality of at least ``4 N eps^2``; :func:`detectable_tv` solves for the ``eps`` caught with
-probability 0.99, and each test asserts it is at most ``FAST_TV`` = 0.15 (default run, 3000 rows
-per prompt) or ``SLOW_TV`` = 0.06 (slow runs, 24000 rows per prompt). These are worst cases (the
+Calibration: each test rejects a correct generator with probability 1e-7 (the chi-square p-value
+threshold, the suite's per-check level), so this file's false-alarm rate is below 2e-6.
+Power: with N rows per prompt and ``df`` degrees of freedom, a deviation of total variation
+``eps`` in one prompt's law gives a noncentrality of at least ``4 N eps^2``; each test asserts
+(``speculate.testing.chi2_sample_size``) that its N rows catch, with probability 0.99,
+``eps`` = ``FAST_TV`` = 0.15 (default run, 3000 rows per prompt) or ``SLOW_TV`` = 0.08 (slow
+runs, 24000 rows per prompt). These are worst cases (the
 deviation spread over all cells in proportion to the law); the bugs planted while writing these
 tests (a target distribution read one position off, a stale cache slot left visible, positions
 shifted for drafted tokens, a draft reporting untransformed probabilities, EOS ignored) gave
@@ -32,23 +34,14 @@ import torch
 from scipy import stats
 
 from domains.text import SpeculativeGenerator
-from domains.text.conformance import continuation_law, pooled_counts
+from domains.text.conformance import continuation_law
 from domains.text.sampling import SamplingConfig
+from speculate.testing import chi2_gof, chi2_sample_size
 
 PROMPTS = [[1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2]]  # ragged; the 2nd repeats for n-gram lookups
-ALPHA = 1e-6  # false-alarm probability of each test
+ALPHA = 1e-7  # false-alarm probability of each test (the suite's per-check level, tests/conftest.py)
 POWER = 0.99
-FAST_TV, SLOW_TV = 0.15, 0.06
-
-
-def detectable_tv(n: int, df: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """TV deviation (in one prompt, n rows) that the chi-square test flags with ``power``."""
-    crit = stats.chi2.isf(alpha, df)
-    lo, hi = 0.0, 1e4
-    for _ in range(100):  # bisection on the noncentrality
-        lam = (lo + hi) / 2
-        lo, hi = (lam, hi) if stats.ncx2.sf(crit, df, lam) < power else (lo, lam)
-    return float(np.sqrt(hi / (4 * n)))
+FAST_TV, SLOW_TV = 0.15, 0.08
 
 
 def sample_rows(gen: SpeculativeGenerator, n: int, n_new: int, cfg: SamplingConfig,
@@ -68,20 +61,18 @@ def sample_rows(gen: SpeculativeGenerator, n: int, n_new: int, cfg: SamplingConf
 
 def assert_law(target, samples: list[list[tuple[int, ...]]], n_new: int, cfg: SamplingConfig,
                eos: list[int], max_tv: float) -> None:
-    stat, df = 0.0, 0
+    """Sum of the per-prompt chi-square statistics (speculate.testing.chi2_gof) on summed df."""
+    stat, df, details = 0.0, 0, []
     for prompt, got in zip(PROMPTS, samples, strict=True):
-        law = continuation_law(target, prompt, n_new, cfg, eos)
-        counts, probs = pooled_counts(got, law)
-        expected = len(got) * probs
-        impossible = (probs == 0) & (counts > 0)
-        assert not impossible.any(), f"prompt {prompt}: continuations outside the target's support"
-        keep = probs > 0
-        stat += float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-        df += int(keep.sum()) - 1
+        r = chi2_gof(got, continuation_law(target, prompt, n_new, cfg, eos))
+        assert np.isfinite(r.statistic), f"prompt {prompt}: {r.detail}"  # an impossible outcome
+        stat, df = stat + r.statistic, df + r.df
+        details.append(f"prompt {prompt}: {r.detail}")
+    n = len(samples[0])
+    need = chi2_sample_size(max_tv, df + 1, alpha=ALPHA, power=POWER)
+    assert need <= n, f"test too weak: catching TV {max_tv} on {df} df needs {need} rows, has {n}"
     p_value = stats.chi2.sf(stat, df)
-    eps = detectable_tv(len(samples[0]), df)
-    assert eps <= max_tv, f"test too weak: detects TV {eps:.3f} > {max_tv} with df={df}"
-    assert p_value > ALPHA, f"chi2={stat:.1f} df={df} p={p_value:.2e}: the output law is biased"
+    assert p_value > ALPHA, f"chi2={stat:.1f} df={df} p={p_value:.2e}: biased. " + " | ".join(details)
 
 
 def _draft(kind: str, make_llama):

@@ -1,0 +1,81 @@
+"""Draft building blocks: prompt lookup, early exit, and the model draft's vocabulary handling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from domains.text.drafts import ModelDraft, NgramDraft, early_exit_model, make_draft
+from domains.text.process import TokenBuffer
+from domains.text.sampling import SamplingConfig
+
+
+def _lookup(seq, k, **kw):
+    buf = TokenBuffer.from_prompts([seq], extra=k)
+    out, q, n = NgramDraft(**kw).propose(np.array([0]), buf, k, SamplingConfig(), None, 20)
+    assert q is None  # point masses
+    return out[0, : n[0]].tolist()
+
+
+@pytest.mark.parametrize("seq,k,kw,want", [
+    ([5, 6, 7, 8, 5, 6], 3, {}, [7, 8, 5]),  # continuation of "5 6"
+    ([1, 2, 9, 1, 2, 3, 1, 2], 2, {}, [3, 1]),  # the LATEST earlier match of "1 2"
+    ([4, 1, 2, 7, 3, 1, 2], 2, {"max_n": 3}, [7, 3]),  # "3 1 2" absent: falls back to "1 2"
+    ([7, 7, 7], 4, {}, [7]),  # overlapping match, continuation cut at the end
+    ([1, 2, 3], 2, {}, []),  # no earlier match: no draft
+    ([9], 2, {}, []),  # a single token
+    ([1, 2, 1, 3], 2, {"min_n": 2}, []),  # "1 3" never seen and 1-grams disallowed
+    ([1, 2, 1], 2, {"min_n": 1, "max_n": 1}, [2, 1]),
+])
+def test_prompt_lookup(seq, k, kw, want):
+    assert _lookup(seq, k, **kw) == want
+
+
+def test_prompt_lookup_rows_are_independent():
+    buf = TokenBuffer.from_prompts([[1, 2, 1], [3, 4, 5], [6, 6]], extra=2)
+    out, _, n = NgramDraft().propose(np.array([0, 1, 2]), buf, 2, SamplingConfig(), None, 10)
+    assert n.tolist() == [2, 0, 1] and out[0].tolist() == [2, 1] and out[2, 0] == 6
+
+
+def test_bad_ngram_sizes():
+    with pytest.raises(ValueError, match="min_n"):
+        NgramDraft(max_n=1, min_n=2)
+    assert isinstance(make_draft("ngram:5", None), NgramDraft)
+    assert make_draft("ngram:5", None).max_n == 5
+
+
+@torch.inference_mode()
+def test_early_exit_is_first_layers_norm_and_head(make_llama):
+    target = make_llama(layers=3, dtype=torch.float64)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    ee = early_exit_model(target, 2)
+    ids = torch.tensor([[1, 5, 7, 3]])
+    hs = target(ids, output_hidden_states=True).hidden_states[2]  # after 2 layers
+    want = target.lm_head(target.model.norm(hs))
+    torch.testing.assert_close(ee(ids).logits, want)
+    assert len(target.model.layers) == 3 and target.config.num_hidden_layers == 3
+    assert ee.model.layers[1] is target.model.layers[1]  # shared, not copied
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+    torch.testing.assert_close(target(ids).logits.shape, (1, 4, 12))
+
+
+def test_early_exit_on_gpt2():
+    torch.manual_seed(0)
+    t = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=16, n_layer=3, n_head=2)).eval()
+    ee = early_exit_model(t, 1)
+    assert len(ee.transformer.h) == 1 and len(t.transformer.h) == 3
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        hs = t(ids, output_hidden_states=True).hidden_states[1]
+        torch.testing.assert_close(ee(ids).logits, t.lm_head(t.transformer.ln_f(hs)))
+
+
+def test_model_draft_probabilities_cover_the_target_vocabulary(make_llama):
+    draft = ModelDraft(make_llama(vocab=10, seed=1))
+    logits = torch.randn(3, 10)
+    q = draft._probs(logits, SamplingConfig(top_k=4), vocab=12)
+    assert q.shape == (3, 12) and (q[:, 10:] == 0).all() and ((q > 0).sum(-1) == 4).all()
+    q = draft._probs(torch.randn(3, 10), SamplingConfig(), vocab=8)  # draft larger: cut
+    torch.testing.assert_close(q.sum(-1), torch.ones(3))
