@@ -1,10 +1,24 @@
 """Speculative decoding for Hugging Face causal LMs: exact, batched, with reusable KV caches.
 
-See ``domains/text/README.md``. Public names: :class:`SpeculativeGenerator`,
-:class:`GenerationOutput`, and the drafts' building blocks.
+>>> from domains.text import SpeculativeGenerator, load_pair
+>>> target, draft, tok = load_pair()                                    # doctest: +SKIP
+>>> gen = SpeculativeGenerator(target, draft, lookahead=4, verify="block")  # doctest: +SKIP
+
+See ``domains/text/README.md``.
 """
 
+from .distill import distill
 from .generator import GenerationOutput, SpeculativeGenerator, check_vocabularies
+from .pair import load_pair
 from .sampling import SamplingConfig
+from .tokenizer import ByteTokenizer
 
-__all__ = ["GenerationOutput", "SamplingConfig", "SpeculativeGenerator", "check_vocabularies"]
+__all__ = [
+    "ByteTokenizer",
+    "GenerationOutput",
+    "SamplingConfig",
+    "SpeculativeGenerator",
+    "check_vocabularies",
+    "distill",
+    "load_pair",
+]

@@ -33,9 +33,7 @@ __all__ = ["ModelDraft", "NgramDraft", "early_exit_model", "make_draft"]
 
 
 def _sample(q: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> np.ndarray:
-    """One token per row of ``q`` ``[R, V]``, drawn with ``rng`` (argmax when greedy)."""
-    if cfg.greedy:
-        return np.argmax(q, axis=-1).astype(np.int64)
+    """One token per row of ``q`` ``[R, V]``, drawn with ``rng``."""
     return np.asarray(Categorical(probs=q, validate=False).sample(rng), dtype=np.int64)
 
 
@@ -93,25 +91,35 @@ class ModelDraft:
         rng: np.random.Generator, vocab: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         R = len(rows)
+        if k == 0:  # nothing to draft: the unseen tokens wait for the next proposal
+            self._P, self._fed = np.zeros(R, np.int64), np.zeros(R, np.int64)
+            return np.zeros((R, 0), np.int64), None, np.zeros(R, np.int64)
         self.lm.ensure_capacity(int(tokens.n[rows].max()) + k + 2)
         start = self.lm.length.copy()  # [R]
-        P = tokens.n[rows] - start  # [R] tokens not yet in the draft's cache (1 or 2)
+        P = tokens.n[rows] - start  # [R] tokens not yet in the draft's cache (>= 1)
         W = int(P.max())
         block = self._known(tokens.block(rows, start, W))  # [R, W]
         logits = self.lm.forward(torch.from_numpy(block), start)  # [R, W, Vd]
         dev = logits.device
         last = logits[torch.arange(R, device=dev), torch.as_tensor(P - 1, device=dev)]  # [R, Vd]
         outcomes = np.zeros((R, k), np.int64)
-        q = np.zeros((R, k, vocab), np.float32)
+        q = None if cfg.greedy else np.zeros((R, k, vocab), np.float32)
         for i in range(k):
-            qi = self._probs(last, cfg, vocab).cpu().numpy()  # [R, V]
-            q[:, i] = qi
-            outcomes[:, i] = _sample(qi, cfg, rng)
+            if cfg.greedy:  # argmax on the device; the greedy rule needs no draft probabilities
+                outcomes[:, i] = self._argmax(last, vocab).cpu().numpy()
+            else:
+                qi = self._probs(last, cfg, vocab).cpu().numpy()  # [R, V]
+                q[:, i] = qi
+                outcomes[:, i] = _sample(qi, cfg, rng)
             if i + 1 < k:
                 x = torch.from_numpy(outcomes[:, i : i + 1])  # [R, 1]
                 last = self.lm.forward(x, start + P + i)[:, 0]  # [R, Vd]
         self._P, self._fed = P, np.full(R, k - 1, np.int64)
         return outcomes, q, np.full(R, k, np.int64)
+
+    def _argmax(self, logits: torch.Tensor, vocab: int) -> torch.Tensor:
+        """First argmax over the ids both models have: ``[R]``."""
+        return logits[..., :vocab].argmax(dim=-1)
 
     def advance(self, n_used: np.ndarray, n_accepted: np.ndarray) -> None:
         keep = np.minimum(np.minimum(self._fed, np.maximum(n_used - 1, 0)), n_accepted)

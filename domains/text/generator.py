@@ -106,6 +106,9 @@ def check_vocabularies(target: Any, draft: Any, tokenizer: Any = None,
                 f"draft and target use different tokenizers: {name} is {sorted(b)} in the draft "
                 f"and {sorted(a)} in the target; speculative decoding needs shared token ids"
             )
+    if tokenizer is not None and len(tokenizer.get_vocab()) > Vt:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer.get_vocab())} tokens but the target only {Vt} logits")
     if tokenizer is not None and draft_tokenizer is not None:
         tv, dv = tokenizer.get_vocab(), draft_tokenizer.get_vocab()
         bad = [t for t in set(tv) & set(dv) if tv[t] != dv[t]]

@@ -1,0 +1,385 @@
+"""Tokens/s of speculative decoding against plain sampling and transformers' assisted generation.
+
+Same process, same prompts (held-out Python standard library sources), same number of new tokens
+for every method (EOS does not stop rows, so all methods do the same work):
+
+- ``plain``: ``target.generate(do_sample=True)`` (transformers, KV cache);
+- ``assisted``: ``target.generate(assistant_model=draft, do_sample=True)`` with transformers'
+  defaults (20 draft tokens, confidence threshold 0.4), and ``assisted-k``: ``num_assistant_tokens
+  = k``, no confidence stop (the like-for-like setting);
+- ``ours-token`` / ``ours-block``: ``SpeculativeGenerator(target, draft, lookahead=k)``;
+- batch 8: ``plain`` (batched ``generate``, left padding) and ours; assisted generation refuses
+  batches larger than 1 (the error message is recorded).
+
+Methods are interleaved prompt by prompt and repeated; each repeat gives a time per method, and
+every speedup is a ratio of times measured in the same repeat (the median over repeats is
+reported, with its range). Theory: Leviathan et al.'s speedup ``(1 - a^(k+1)) / ((1 - a)(k c + 1))``
+at the measured acceptance ``a`` (token rule) and cost ratio ``c`` = time of one draft step / time of
+one plain target step (both measured in this run). ``r`` = time of one verification call (k+1
+tokens) / time of one plain step: the cost of scoring k+1 tokens at once, which the formula takes
+as 1; ``E / (k c + r)`` is the prediction with that cost included.
+
+Run: ``python benchmarks/text/bench_generate.py`` (embedded pair, CPU, about 10 minutes on a quiet
+core); ``--pair large`` for the larger pair; ``--device cuda --dtype bfloat16`` on a GPU.
+Writes ``benchmarks/results/text_generate[_<pair>][_<device>].{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from domains.text import SpeculativeGenerator  # noqa: E402
+from speculate import theory  # noqa: E402
+
+LARGE = ROOT / "benchmarks" / "text" / "models" / "large"
+
+
+def load(pair: str, device: str, dtype: torch.dtype):
+    from domains.text.pair import load_pair
+
+    path = None if pair == "embedded" else (LARGE if pair == "large" else Path(pair))
+    return load_pair(device=device, dtype=dtype, path=path)
+
+
+def prompts(tok, n: int, n_bytes: int, seed: int) -> list[list[int]]:
+    """``n`` prompts of ``n_bytes`` bytes (BOS + text) cut at line starts of held-out files."""
+    from domains.text.corpus import load_corpus
+
+    docs = [d for d in load_corpus("heldout").documents if len(d) > 4 * n_bytes]
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in rng.permutation(len(docs))[:n]:
+        text = docs[i].encode() if isinstance(docs[i], str) else bytes(docs[i])
+        start = text.find(b"\n", int(rng.integers(0, len(text) - 2 * n_bytes))) + 1
+        out.append(tok.encode_bytes(text[start : start + n_bytes], add_bos=True))
+    return out
+
+
+def batch(rows: list[list[int]], pad: int, device: str):
+    L = max(map(len, rows))
+    ids = torch.tensor([[pad] * (L - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows], device=device)
+    return ids, mask
+
+
+def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch_size: int):
+    """name -> function(list of prompt rows, seed) -> (new tokens, stats or None)."""
+    gens = {rule: SpeculativeGenerator(target, draft, lookahead=k, verify=rule)
+            for rule in ("token", "block")}
+
+    def hf(extra):
+        def run(rows, seed):
+            ids, mask = batch(rows, pad, device)
+            torch.manual_seed(seed)
+            out = target.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=n_new,
+                                  min_new_tokens=n_new, pad_token_id=pad, **extra)
+            return out.shape[0] * (out.shape[1] - ids.shape[1]), None
+        return run
+
+    def ours(rule):
+        def run(rows, seed):
+            ids, mask = batch(rows, pad, device)
+            out = gens[rule].generate(ids, attention_mask=mask, max_new_tokens=n_new,
+                                      eos_token_id=[], seed=seed)
+            return sum(len(t) for t in out.new_tokens), out.stats
+        return run
+
+    methods = {"plain": hf({})}
+    if batch_size == 1:
+        methods["assisted"] = hf({"assistant_model": draft})
+        methods["assisted-k"] = hf({"assistant_model": draft, "num_assistant_tokens": k,
+                                    "assistant_confidence_threshold": 0.0,
+                                    "num_assistant_tokens_schedule": "constant"})
+    methods["ours-token"] = ours("token")
+    methods["ours-block"] = ours("block")
+    return methods
+
+
+def assisted_batch_error(target, draft, rows, pad, device) -> str:
+    ids, mask = batch(rows, pad, device)
+    try:
+        target.generate(ids, attention_mask=mask, assistant_model=draft, do_sample=True,
+                        max_new_tokens=4, pad_token_id=pad)
+    except Exception as e:  # transformers refuses batch > 1
+        return f"{type(e).__name__}: {e}"
+    return "ran (no error)"
+
+
+def plain_step_time(model, rows, pad, device, n=64) -> float:
+    """Seconds per decoding step of ``model`` alone (greedy generate, n tokens, batch of rows)."""
+    ids, mask = batch(rows, pad, device)
+    t0 = time.perf_counter()
+    model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                   pad_token_id=pad)
+    return (time.perf_counter() - t0) / n
+
+
+def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
+    k, n_new = args.lookahead, args.new_tokens
+    methods = make_methods(target, draft, k, n_new, pad, args.device, batch_size)
+    groups = [all_prompts[i : i + batch_size] for i in range(0, len(all_prompts), batch_size)]
+    names = list(methods)
+    times = {m: [] for m in names}
+    tokens = {m: 0 for m in names}
+    stats: dict[str, list] = {m: [] for m in names}
+    step = {"target": [], "draft": []}
+    for rep in range(args.repeats):
+        acc = dict.fromkeys(names, 0.0)
+        for gi, rows in enumerate(groups):
+            order = names[gi % len(names):] + names[: gi % len(names)]  # rotate the order
+            for m in order:
+                t0 = time.perf_counter()
+                n, st = methods[m](rows, seed=1000 * rep + gi)
+                acc[m] += time.perf_counter() - t0
+                if rep == 0:
+                    tokens[m] += n
+                if st is not None:
+                    stats[m].append(st)
+        for m in names:
+            times[m].append(acc[m])
+        step["target"].append(plain_step_time(target, groups[0], pad, args.device))
+        step["draft"].append(plain_step_time(draft, groups[0], pad, args.device))
+        print(f"  batch {batch_size} repeat {rep}: " + ", ".join(
+            f"{m} {tokens[m] / acc[m]:.1f} tok/s" for m in names), flush=True)
+    out: dict = {"batch": batch_size, "lookahead": k, "methods": {}}
+    c = statistics.median(step["draft"]) / statistics.median(step["target"])
+    alpha = _pooled(stats["ours-token"], "alpha")
+    for m in names:
+        sp = [times["plain"][r] / times[m][r] for r in range(args.repeats)]
+        rec = {"tokens_per_s": tokens[m] / statistics.median(times[m]),
+               "speedup_vs_plain": statistics.median(sp), "speedup_range": [min(sp), max(sp)]}
+        if batch_size == 1 and m.startswith("ours"):
+            for ref in ("assisted", "assisted-k"):
+                r = [times[ref][i] / times[m][i] for i in range(args.repeats)]
+                rec[f"speedup_vs_{ref}"] = statistics.median(r)
+        if stats[m]:
+            s = stats[m]
+            rec["alpha"] = _pooled(s, "alpha")
+            rec["acceptance_rate"] = _pooled(s, "acceptance_rate")
+            rec["tokens_per_call"] = _pooled(s, "tokens_per_call")
+            calls = sum(x.target_calls for x in s)
+            rec["time_per_target_call_s"] = sum(x.target_time for x in s) / calls
+            rec["accepted_length_histogram"] = np.sum(
+                [np.pad(x.accepted_per_position, (0, k + 1 - len(x.accepted_per_position)))
+                 for x in s], axis=0).tolist()
+            rec["theory_speedup"] = theory.speedup(alpha, k, c)
+            rec["measured_over_theory"] = rec["speedup_vs_plain"] / rec["theory_speedup"]
+            r_k = rec["time_per_target_call_s"] / statistics.median(step["target"])
+            rec["width_cost_r"] = r_k
+            rec["prediction_with_width_cost"] = theory.expected_tokens(alpha, k) / (k * c + r_k)
+        out["methods"][m] = rec
+    out.update(alpha_token=alpha, cost_ratio_c=c,
+               plain_step_s=statistics.median(step["target"]),
+               draft_step_s=statistics.median(step["draft"]),
+               expected_tokens_per_call=theory.expected_tokens(alpha, k),
+               theory_speedup=theory.speedup(alpha, k, c))
+    return out
+
+
+def sweep(target, draft, rows, args, pad) -> dict:
+    """Batch 1, speedup over plain sampling for k = 1..K (token and block) against theory."""
+    ks = list(range(1, args.sweep + 1))
+    names = ["plain"] + [f"{rule}-{k}" for k in ks for rule in ("token", "block")]
+    gens = {f"{rule}-{k}": SpeculativeGenerator(target, draft, lookahead=k, verify=rule)
+            for k in ks for rule in ("token", "block")}
+    plain = make_methods(target, draft, 1, args.new_tokens, pad, args.device, 2)["plain"]
+    times = dict.fromkeys(names, 0.0)
+    stats: dict[str, list] = {n: [] for n in names}
+    for gi, row in enumerate(rows):
+        order = names[gi % len(names):] + names[: gi % len(names)]
+        for n in order:
+            t0 = time.perf_counter()
+            if n == "plain":
+                plain([row], seed=gi)
+            else:
+                ids, mask = batch([row], pad, args.device)
+                out = gens[n].generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens,
+                                       eos_token_id=[], seed=gi)
+                stats[n].append(out.stats)
+            times[n] += time.perf_counter() - t0
+    c = plain_step_time(draft, rows[:1], pad, args.device) / plain_step_time(
+        target, rows[:1], pad, args.device)
+    alpha = _pooled([s for k in ks for s in stats[f"token-{k}"]], "alpha")
+    res = {"k": ks, "alpha_token": alpha, "cost_ratio_c": c,
+           "theory": [theory.speedup(alpha, k, c) for k in ks]}
+    for rule in ("token", "block"):
+        res[rule] = [times["plain"] / times[f"{rule}-{k}"] for k in ks]
+        res[f"{rule}_tokens_per_call"] = [_pooled(stats[f"{rule}-{k}"], "tokens_per_call")
+                                          for k in ks]
+    res["theory_tokens_per_call"] = [theory.expected_tokens(alpha, k) for k in ks]
+    return res
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = res["sweep"]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ax[0].plot(s["k"], s["theory"], "k--", label=f"theory (a={s['alpha_token']:.2f}, "
+               f"c={s['cost_ratio_c']:.2f})")
+    ax[0].plot(s["k"], s["token"], "o-", label="ours, token rule")
+    ax[0].plot(s["k"], s["block"], "s-", label="ours, block rule")
+    ax[0].axhline(1.0, color="grey", lw=0.5)
+    ax[0].set(xlabel="lookahead k", ylabel="speedup over plain sampling (batch 1)",
+              title=f"{res['pair']} pair, {res['device']}")
+    ax[0].legend()
+    ax[1].plot(s["k"], s["theory_tokens_per_call"], "k--", label="theory")
+    ax[1].plot(s["k"], s["token_tokens_per_call"], "o-", label="token rule")
+    ax[1].plot(s["k"], s["block_tokens_per_call"], "s-", label="block rule")
+    ax[1].set(xlabel="lookahead k", ylabel="tokens per target call")
+    ax[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _pooled(stats_list, name):
+    if name == "alpha":
+        a = sum(s.accepted for s in stats_list)
+        return a / (a + sum(s.rejections for s in stats_list))
+    if name == "acceptance_rate":
+        return sum(s.accepted for s in stats_list) / sum(s.proposed for s in stats_list)
+    rr = sum(s.row_rounds for s in stats_list)
+    return (sum(s.accepted for s in stats_list) + rr) / rr
+
+
+def markdown(res: dict, command: str) -> str:
+    lines = [f"# Text generation: speculative vs plain vs transformers assisted ({res['pair']})", "",
+             f"Command: `{command}`", "",
+             f"Machine: {res['machine']}; device {res['device']}, {res['dtype']}, "
+             f"{res['threads']} torch thread(s); {res['n_prompts']} prompts of "
+             f"{res['prompt_bytes']} bytes, {res['new_tokens']} new tokens each, temperature 1, "
+             f"{res['repeats']} interleaved repeats. Speedups are medians over repeats of time "
+             "ratios within a repeat (range in brackets).", ""]
+    for s in res["settings"]:
+        lines += [f"## Batch {s['batch']}, lookahead k = {s['lookahead']}", "",
+                  f"Measured: alpha (token rule) = {s['alpha_token']:.3f}, c = draft step / plain "
+                  f"target step = {s['draft_step_s'] * 1e3:.2f} ms / {s['plain_step_s'] * 1e3:.2f} ms"
+                  f" = {s['cost_ratio_c']:.3f}; theory: E[tokens/call] = "
+                  f"{s['expected_tokens_per_call']:.2f}, speedup = {s['theory_speedup']:.2f}.", "",
+                  "| method | tokens/s | speedup vs plain | vs assisted | vs assisted-k | "
+                  "alpha | tokens/call | measured / theory | r | E/(kc+r) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for m, r in s["methods"].items():
+            def f(key, fmt="{:.2f}", r=r):
+                return fmt.format(r[key]) if key in r else ""
+            lines.append(
+                f"| {m} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} "
+                f"[{r['speedup_range'][0]:.2f}, {r['speedup_range'][1]:.2f}] | "
+                f"{f('speedup_vs_assisted')} | {f('speedup_vs_assisted-k')} | "
+                f"{f('alpha', '{:.3f}')} | {f('tokens_per_call')} | {f('measured_over_theory')} | "
+                f"{f('width_cost_r')} | {f('prediction_with_width_cost')} |")
+        if s.get("assisted_batch_error"):
+            lines += ["", f"transformers assisted generation at batch {s['batch']}: "
+                      f"`{s['assisted_batch_error']}`"]
+        lines.append("")
+    if "sweep" in res:
+        s = res["sweep"]
+        lines += [f"## Lookahead sweep (batch 1, {len(s['k'])} values; plot: the .png)", "",
+                  "| k | theory | token rule | block rule | tokens/call theory | token | block |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {k} | {s['theory'][i]:.2f} | {s['token'][i]:.2f} | {s['block'][i]:.2f} | "
+                  f"{s['theory_tokens_per_call'][i]:.2f} | {s['token_tokens_per_call'][i]:.2f} | "
+                  f"{s['block_tokens_per_call'][i]:.2f} |" for i, k in enumerate(s["k"])]
+        lines.append("")
+    lines += ["## Goals", ""] + [f"- {g}" for g in res["goals"]]
+    if res["device"] == "cpu":
+        lines += ["", "The CUDA (bf16) run of this benchmark was not done here: no GPU was "
+                  "available to this session. Run it with `--device cuda --dtype bfloat16`."]
+    return "\n".join(lines) + "\n"
+
+
+def goals(res: dict) -> list[str]:
+    out = []
+    for s in res["settings"]:
+        ours = {m: r for m, r in s["methods"].items() if m.startswith("ours")}
+        best = max(ours, key=lambda m: ours[m]["speedup_vs_plain"])
+        r = ours[best]
+        if s["batch"] == 1:
+            v = r.get("speedup_vs_assisted", float("nan"))
+            out.append(f"batch 1: {best} / assisted generation = {v:.2f} (goal >= 1.3: "
+                       f"{'met' if v >= 1.3 else 'NOT met'}); vs assisted-k = "
+                       f"{r.get('speedup_vs_assisted-k', float('nan')):.2f}")
+            for m, rr in ours.items():
+                ok = rr["measured_over_theory"] >= 0.85
+                out.append(f"batch 1: {m} measured / theoretical speedup = "
+                           f"{rr['measured_over_theory']:.2f} (goal >= 0.85: "
+                           f"{'met' if ok else 'NOT met'}; with the measured width cost r = "
+                           f"{rr['width_cost_r']:.2f} the prediction is "
+                           f"{rr['prediction_with_width_cost']:.2f} vs measured "
+                           f"{rr['speedup_vs_plain']:.2f})")
+        else:
+            out.append(f"batch {s['batch']}: {best} speedup over plain batched decoding = "
+                       f"{r['speedup_vs_plain']:.2f} (goal > 1: "
+                       f"{'met' if r['speedup_vs_plain'] > 1 else 'NOT met'})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", default="embedded", help="embedded, large, or a folder with target/ and draft/")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompt-bytes", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--lookahead", type=int, default=4)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", type=int, default=8, help="also sweep k = 1..SWEEP at batch 1 (0: skip)")
+    ap.add_argument("--sweep-prompts", type=int, default=4)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    target, draft, tok = load(args.pair, args.device, dtype)
+    pad = tok.pad_token_id
+    rows = prompts(tok, args.prompts, args.prompt_bytes, args.seed)
+    res = {"pair": args.pair, "device": args.device, "dtype": args.dtype, "threads": args.threads,
+           "machine": f"{platform.machine()} {platform.processor() or ''} "
+                      f"(torch {torch.__version__})".strip(),
+           "n_prompts": len(rows), "prompt_bytes": args.prompt_bytes,
+           "new_tokens": args.new_tokens, "repeats": args.repeats, "settings": []}
+    # warm-up: numba kernels, allocator, the models' first calls
+    for m in make_methods(target, draft, args.lookahead, 8, pad, args.device, 1).values():
+        m(rows[:1], seed=0)
+    for b in args.batch:
+        s = run_setting(target, draft, rows, b, args, pad)
+        if b > 1:
+            s["assisted_batch_error"] = assisted_batch_error(target, draft, rows[:b], pad, args.device)
+        res["settings"].append(s)
+    if args.sweep:
+        res["sweep"] = sweep(target, draft, rows[: args.sweep_prompts], args, pad)
+    res["goals"] = goals(res)
+    cmd = "python benchmarks/text/bench_generate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    res["command"] = cmd.strip()
+    suffix = "" if args.pair == "embedded" else f"_{Path(args.pair).name}"
+    suffix += "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"text_generate{suffix}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(res, res["command"]))
+    if args.sweep:
+        plot(res, out.with_suffix(".png"))
+    print(markdown(res, res["command"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
