@@ -1,1 +1,8 @@
-"""Plug-in domains for speculate: text (Hugging Face causal LMs), rl (gymnasium), physics (Langevin)."""
+"""Plug-in domains for speculate: each supplies its target, draft, step and snapshot as a Process
+(speculate.rounds) and reuses the one verification core.
+
+``REGISTRY`` names every registered domain; each ``domains.<name>.conformance.conformance_cases()``
+returns the cases the shared exactness suite (tests/test_conformance.py) runs over every domain.
+"""
+
+REGISTRY = ("text", "rl", "physics")

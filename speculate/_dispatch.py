@@ -73,11 +73,11 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
     if m == 1:
         u_accept = rng.random((R, k))
         fn = verify_token if rule == "token" else verify_block
-        n, nxt = fn(p, q, outcomes, lengths, u_accept, u_next)
+        n, nxt = fn(p, q, outcomes, lengths, u_accept, u_next, check_uniforms=False)  # fresh from rng
         return n, nxt, np.zeros(R, np.int64)
     if rule != "token":
         raise ValueError(f"multi-draft (drafts={m}) uses recursive rejection: pass verify='token'")
-    return verify_multi(p, q, outcomes, lengths, rng.random((R, k, m)), u_next)
+    return verify_multi(p, q, outcomes, lengths, rng.random((R, k, m)), u_next, check_uniforms=False)
 
 
 def _draft_probs(dists, outcomes, oshape, V, dtype):

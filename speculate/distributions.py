@@ -53,14 +53,13 @@ class Distribution(Protocol):
 
 
 def _as_float_array(x: Any, what: str) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise TypeError(f"{what} must be numeric, got dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.complexfloating):
-        raise TypeError(f"{what} must be real, got dtype {arr.dtype}")
-    if arr.dtype not in (np.float32, np.float64):
-        arr = arr.astype(np.float64)
-    return arr
+    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    kind = arr.dtype.kind
+    if kind == "f" and arr.dtype.itemsize in (4, 8):
+        return arr
+    if kind not in "biuf":
+        raise TypeError(f"{what} must be real numbers, got dtype {arr.dtype}")
+    return arr.astype(np.float64)
 
 
 def _first_index(mask: np.ndarray) -> tuple[int, ...]:

@@ -104,7 +104,7 @@ class Stats:
             grown = np.zeros(k + 1, np.int64)
             grown[: len(self.accepted_per_position)] = self.accepted_per_position
             self.accepted_per_position = grown
-        np.add.at(self.accepted_per_position, n_accepted, 1)
+        self.accepted_per_position[: k + 1] += np.bincount(n_accepted, minlength=k + 1)[: k + 1]
         self.lookahead_counts[k] = self.lookahead_counts.get(k, 0) + 1
 
     def as_dict(self) -> dict:

@@ -83,9 +83,7 @@ def _to_fraction(v: Any, where: str) -> Fraction:
     raise TypeError(f"{where} has type {type(v).__name__}; expected a real number")
 
 
-def to_fractions(
-    probs: Sequence[Any], max_denominator: int | None = None, normalize: bool = False
-) -> list[Fraction]:
+def to_fractions(probs: Sequence[Any], max_denominator: int | None = None, normalize: bool = False) -> list[Fraction]:
     """Convert a 1-D sequence of probabilities to Fractions, exactly.
 
     Floats are converted exactly (every float is a dyadic rational); ``max_denominator`` instead
@@ -209,7 +207,8 @@ def speculative_law(p: Sequence[Any], q: Sequence[Any]) -> list[Fraction]:
 
 
 def assert_exact_law(
-    law: Sequence[Any] | Mapping[Any, Any], expected: Sequence[Any] | Mapping[Any, Any],
+    law: Sequence[Any] | Mapping[Any, Any],
+    expected: Sequence[Any] | Mapping[Any, Any],
     name: str = "law",
 ) -> None:
     """Assert two laws are equal exactly; the error names the first differing outcome.
@@ -329,7 +328,8 @@ def target_joint_law(target: Conditional, V: int, L: int, prefix: Prefix = ()) -
 
 
 def block_quantities(
-    p_rows: Sequence[Sequence[Fraction]], q_rows: Sequence[Sequence[Fraction]],
+    p_rows: Sequence[Sequence[Fraction]],
+    q_rows: Sequence[Sequence[Fraction]],
     drafts: Sequence[int],
 ) -> tuple[list[Fraction], list[Fraction]]:
     """Block verification's (Sun et al. 2024) quantities for one drafted block of length g.
@@ -360,8 +360,7 @@ def block_quantities(
         elif P[i] == 1:
             h.append(ONE)
         else:
-            R = sum((max(P[i] * a - b, ZERO) for a, b in zip(p_rows[i], q_rows[i], strict=True)),
-                    ZERO)
+            R = sum((max(P[i] * a - b, ZERO) for a, b in zip(p_rows[i], q_rows[i], strict=True)), ZERO)
             h.append(R / (R + 1 - P[i]))
     return P, h
 
@@ -398,8 +397,14 @@ def _argmax(law: Sequence[Fraction]) -> int:
 
 
 def round_law(
-    target: Conditional, draft: Conditional, V: int, k: int, rule: str = "token", m: int = 1,
-    prefix: Prefix = (), proposal: Conditional | None = None,
+    target: Conditional,
+    draft: Conditional,
+    V: int,
+    k: int,
+    rule: str = "token",
+    m: int = 1,
+    prefix: Prefix = (),
+    proposal: Conditional | None = None,
 ) -> SeqLaw:
     """Law of the block one speculative round emits after ``prefix`` (the mathematics).
 
@@ -540,7 +545,11 @@ def _multi_depth(T, D, k, prefix, branches, acc, w, out) -> None:
 
 
 def extend_with_target(
-    law: Mapping[tuple[int, ...], Any], target: Conditional, V: int, L: int, prefix: Prefix = (),
+    law: Mapping[tuple[int, ...], Any],
+    target: Conditional,
+    V: int,
+    L: int,
+    prefix: Prefix = (),
 ) -> SeqLaw:
     """Law of the first ``L`` outcomes of: a block drawn from ``law``, then target sampling.
 
@@ -568,9 +577,15 @@ def extend_with_target(
 
 
 def chain_joint_law(
-    target: Conditional, draft: Conditional, V: int, L: int, k: int,
-    rule: str | Callable[[Prefix], Mapping[tuple[int, ...], Any]] = "token", m: int = 1,
-    prefix: Prefix = (), proposal: Conditional | None = None,
+    target: Conditional,
+    draft: Conditional,
+    V: int,
+    L: int,
+    k: int,
+    rule: str | Callable[[Prefix], Mapping[tuple[int, ...], Any]] = "token",
+    m: int = 1,
+    prefix: Prefix = (),
+    proposal: Conditional | None = None,
 ) -> SeqLaw:
     """Law of the first ``L`` outcomes emitted by successive speculative rounds of lookahead k.
 
@@ -592,8 +607,10 @@ def chain_joint_law(
     if callable(rule):
         round_fn = rule
     else:
+
         def round_fn(s: Prefix) -> SeqLaw:
             return round_law(T, D, V, k, rule, m, s, Q)
+
     cache: dict[Prefix, dict[tuple[int, ...], Fraction]] = {}
     laws: SeqLaw = {(): ONE}
     done: SeqLaw = defaultdict(Fraction)
@@ -629,7 +646,12 @@ def _check_block_law(law: Mapping[Any, Any], V: int, where: Prefix) -> dict:
 
 
 def expected_outcomes(
-    target: Conditional, draft: Conditional, V: int, k: int, rule: str = "token", m: int = 1,
+    target: Conditional,
+    draft: Conditional,
+    V: int,
+    k: int,
+    rule: str = "token",
+    m: int = 1,
     prefix: Prefix = (),
 ) -> Fraction:
     """Expected number of outcomes one round emits after ``prefix`` (accepted + 1).
@@ -688,14 +710,12 @@ def _case_coords(rule, p, q, drafts, n) -> list[set[Fraction]]:
         if rule == "token":
             for i in range(n):
                 coords[i].add(min(ONE, p[i][drafts[i]] / q[i][drafts[i]]))
-                coords[K] |= _cdf_breaks(
-                    [max(a - b, ZERO) for a, b in zip(p[i], q[i], strict=True)])
+                coords[K] |= _cdf_breaks([max(a - b, ZERO) for a, b in zip(p[i], q[i], strict=True)])
         else:
             P, h = block_quantities(p, q, drafts[:n])
             for i in range(n):
                 coords[i].add(h[i])
-                coords[K] |= _cdf_breaks(
-                    [max(P[i] * a - b, ZERO) for a, b in zip(p[i], q[i], strict=True)])
+                coords[K] |= _cdf_breaks([max(P[i] * a - b, ZERO) for a, b in zip(p[i], q[i], strict=True)])
         coords[K] |= _cdf_breaks(p[n])
         return coords
     # multi: p [m][K+1][V], q [m][K][V], drafts [m][K]; u_accept [K][m] then u_next
@@ -762,8 +782,8 @@ def _kernel_case_laws(kernel, rule, cases, dtype, chunk: int = 1 << 16) -> list[
     U = np.concatenate(rows_u, axis=0) if rows_u else np.zeros((0, 0))
     arrays = _case_arrays(rule, cases, dtype)
     for start in range(0, len(case_of_row), chunk):
-        sel = case_of_row[start:start + chunk]
-        u = U[start:start + chunk]
+        sel = case_of_row[start : start + chunk]
+        u = U[start : start + chunk]
         outs.append(_call_kernel(kernel, rule, arrays, sel, u))
     out = np.concatenate(outs, axis=0)  # [rows, n_out]
     # 3. check constancy per cell, accumulate exact weights
@@ -771,7 +791,7 @@ def _kernel_case_laws(kernel, rule, cases, dtype, chunk: int = 1 << 16) -> list[
     pos = 0
     for ci, idx, E, lengths, C in meta:
         p, q, drafts, n = cases[ci]
-        block = out[pos:pos + C * E].reshape(C, E, -1)
+        block = out[pos : pos + C * E].reshape(C, E, -1)
         pos += C * E
         bad = np.nonzero((block != block[:, :1, :]).any(axis=(1, 2)))[0]
         if len(bad):
@@ -845,7 +865,9 @@ def _call_kernel(kernel, rule, arrays, sel, u):
 
 
 def kernel_laws(
-    kernel: Callable[..., Any], cases: Sequence[Sequence[Any]], rule: str = "token",
+    kernel: Callable[..., Any],
+    cases: Sequence[Sequence[Any]],
+    rule: str = "token",
     dtype: Any = np.float64,
 ) -> list[dict[tuple[int, ...], Fraction]]:
     """:func:`kernel_law` for many rows at once (one batched kernel call): faster.
@@ -909,8 +931,13 @@ def _dedup_laws(kernel, rule, cases, dtype) -> list[dict]:
 
 
 def kernel_law(
-    kernel: Callable[..., Any], p: Any, q: Any, drafts: Any, rule: str = "token",
-    length: int | None = None, dtype: Any = np.float64,
+    kernel: Callable[..., Any],
+    p: Any,
+    q: Any,
+    drafts: Any,
+    rule: str = "token",
+    length: int | None = None,
+    dtype: Any = np.float64,
 ) -> dict[tuple[int, ...], Fraction]:
     """Exact law of a verification kernel's output for ONE row, over its uniforms.
 
@@ -930,9 +957,17 @@ def kernel_law(
 
 
 def kernel_round_law(
-    kernel: Callable[..., Any], target: Conditional, draft: Conditional, V: int, k: int,
-    rule: str = "token", m: int = 1, prefix: Prefix = (), length: int | None = None,
-    proposal: Conditional | None = None, dtype: Any = np.float64,
+    kernel: Callable[..., Any],
+    target: Conditional,
+    draft: Conditional,
+    V: int,
+    k: int,
+    rule: str = "token",
+    m: int = 1,
+    prefix: Prefix = (),
+    length: int | None = None,
+    proposal: Conditional | None = None,
+    dtype: Any = np.float64,
     stop: Callable[[Prefix], bool] | None = None,
 ) -> SeqLaw:
     """Exact law of the block one round emits when ``kernel`` does the verification.
@@ -983,8 +1018,7 @@ def kernel_round_law(
         if rule == "multi":
             cases.append((_exact_rows(ps, "p", dtype), _exact_rows(qs, "q", dtype), ds, n))
         else:
-            cases.append((_exact_rows(ps[0], "p", dtype), _exact_rows(qs[0], "q", dtype),
-                          ds[0], n))
+            cases.append((_exact_rows(ps[0], "p", dtype), _exact_rows(qs[0], "q", dtype), ds[0], n))
         weights.append(w)
         branches_of.append([c[0] for c in config])
     laws = _dedup_laws(kernel, rule, cases, dtype)

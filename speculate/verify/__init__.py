@@ -39,30 +39,34 @@ _PARALLEL_MIN_WORK = 1 << 17  # rows x positions x V above which the kernels run
 
 
 def _probs(x: Any, name: str, ndim: int) -> np.ndarray:
-    a = np.asarray(x)
-    if a.dtype not in (np.float32, np.float64):
-        if not np.issubdtype(a.dtype, np.number):
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8):
+        if a.dtype.kind not in "biuf":
             raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
         a = a.astype(np.float64)
     if a.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} axes, got shape {a.shape}")
-    return np.ascontiguousarray(a)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def _ints(x: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    a = np.asarray(x)
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
     if a.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
-    if a.size and not np.issubdtype(a.dtype, np.integer):
+    if a.size and a.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.int64)
+    if a.dtype != np.int64 or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a, dtype=np.int64)
+    return a
 
 
-def _uniforms(x: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    a = np.ascontiguousarray(np.asarray(x, dtype=np.float64))
+def _uniforms(x: Any, name: str, shape: tuple[int, ...], check: bool = True) -> np.ndarray:
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if a.dtype != np.float64 or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a, dtype=np.float64)
     if a.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
-    if a.size and not (np.all(a >= 0.0) and np.all(a < 1.0)):
+    if check and a.size and not (a.min() >= 0.0 and a.max() < 1.0):
         raise ValueError(f"{name} must lie in [0, 1)")
     return a
 
@@ -87,7 +91,7 @@ def _parallel(parallel: bool | None, work: int) -> bool:
     return work >= _PARALLEL_MIN_WORK if parallel is None else bool(parallel)
 
 
-def _check_categorical(p, q, drafts, lengths, u_accept, u_next):
+def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=True):
     p = _probs(p, "p (target probabilities [B, K+1, V])", 3)
     q = _probs(q, "q (draft probabilities [B, K, V])", 3)
     B, K1, V = p.shape
@@ -99,14 +103,16 @@ def _check_categorical(p, q, drafts, lengths, u_accept, u_next):
     K = K1 - 1
     drafts = _ints(drafts, "drafts", (B, K))
     lengths = _lengths(lengths, (B,), K)
-    u_accept = _uniforms(u_accept, "u_accept", (B, K))
-    u_next = _uniforms(u_next, "u_next", (B,))
+    u_accept = _uniforms(u_accept, "u_accept", (B, K), check_uniforms)
+    u_next = _uniforms(u_next, "u_next", (B,), check_uniforms)
     return p, q, drafts, lengths, u_accept, u_next
 
 
 def _categorical_rule(module, reference: bool):
-    def run(p, q, drafts, lengths, u_accept, u_next, *, parallel=None):
-        p, q, drafts, lengths, u_accept, u_next = _check_categorical(p, q, drafts, lengths, u_accept, u_next)
+    def run(p, q, drafts, lengths, u_accept, u_next, *, parallel=None, check_uniforms=True):
+        p, q, drafts, lengths, u_accept, u_next = _check_categorical(
+            p, q, drafts, lengths, u_accept, u_next, check_uniforms
+        )
         tiny = tiny_for(p.dtype)
         if reference:
             n, nxt, status, where = module.reference(p, q, drafts, lengths, u_accept, u_next, tiny)
@@ -154,7 +160,7 @@ def verify_greedy_reference(p: Any, drafts: Any, lengths: Any = None, *, paralle
 verify_greedy.__doc__ = greedy.__doc__
 
 
-def _check_multi(p, q, drafts, lengths, u_accept, u_next):
+def _check_multi(p, q, drafts, lengths, u_accept, u_next, check_uniforms=True):
     p = _probs(p, "p (target probabilities [B, m, K+1, V])", 4)
     q = _probs(q, "q (draft probabilities [B, m, K, V])", 4)
     B, m, K1, V = p.shape
@@ -165,13 +171,13 @@ def _check_multi(p, q, drafts, lengths, u_accept, u_next):
         raise ValueError("multi-draft verification needs at least one branch")
     drafts = _ints(drafts, "drafts", (B, m, K))
     lengths = _lengths(lengths, (B, m), K)
-    u_accept = _uniforms(u_accept, "u_accept", (B, K, m))
-    u_next = _uniforms(u_next, "u_next", (B,))
+    u_accept = _uniforms(u_accept, "u_accept", (B, K, m), check_uniforms)
+    u_next = _uniforms(u_next, "u_next", (B,), check_uniforms)
     return p, q, drafts, lengths, u_accept, u_next
 
 
-def verify_multi(p, q, drafts, lengths, u_accept, u_next, *, parallel: bool | None = None):
-    p, q, drafts, lengths, u_accept, u_next = _check_multi(p, q, drafts, lengths, u_accept, u_next)
+def verify_multi(p, q, drafts, lengths, u_accept, u_next, *, parallel: bool | None = None, check_uniforms=True):
+    p, q, drafts, lengths, u_accept, u_next = _check_multi(p, q, drafts, lengths, u_accept, u_next, check_uniforms)
     tiny = tiny_for(p.dtype)
     par = _parallel(parallel, p.size)
     n, nxt, branch, status, where = multi.kernel(p, q, drafts, lengths, u_accept, u_next, tiny, par)
