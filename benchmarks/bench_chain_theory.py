@@ -96,7 +96,8 @@ def main() -> None:
         "# Outcomes per target call vs theory",
         "",
         f"Command: `{cmd}`. {ROWS} chains per point, each running one round of k drafts (V = {V}, context-free p, q).",
-        "Token theory: (1 - a^(k+1)) / (1 - a). Multi-draft: expected_tokens(1 - prod(1 - alpha_i), k) is an upper bound.",
+        "Token theory: (1 - a^(k+1)) / (1 - a). "
+        "Multi-draft: expected_tokens(1 - prod(1 - alpha_i), k) is an upper bound.",
         "",
         "| alpha | k | token | theory | block | block / token | multi m=2 | bound | multi m=4 | bound |",
         "|---|---|---|---|---|---|---|---|---|---|",
