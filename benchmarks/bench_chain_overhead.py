@@ -78,6 +78,7 @@ def main() -> None:
     }
     OUT.mkdir(exist_ok=True)
     (OUT / "chain_overhead.json").write_text(json.dumps(res, indent=2))
+    pct, per_round = 100 * res["overhead_fraction"], res["overhead_per_round_us"]
     md = f"""# chain() overhead per round
 
 Command: `{res["command"]}`. Target 1 ms per call (any number of states), cheap table draft, V = {V}, n = {N}, k = {K}.
@@ -88,7 +89,7 @@ Command: `{res["command"]}`. Target 1 ms per call (any number of states), cheap 
 | draft calls | {st.draft_calls} |
 | chain() wall time | {t_chain:.3f} s |
 | plain loop making the same target and draft calls | {t_base:.3f} s |
-| **engine overhead** (goal < 10%) | **{100 * res["overhead_fraction"]:.1f}%**, {res["overhead_per_round_us"]:.0f} us/round |
+| **engine overhead** (goal < 10%) | **{pct:.1f}%**, {per_round:.0f} us/round |
 | plain sequential target sampling (n calls) | {t_plain:.3f} s |
 | speedup of chain() over plain sampling | {res["speedup_vs_plain"]:.2f}x |
 | alpha, outcomes per target call | {st.alpha:.3f}, {st.tokens_per_call:.2f} |
