@@ -103,10 +103,14 @@ def test_binned_path_law_matches_plain_simulation():
 
 def test_binned_path_law_is_converged():
     model = Langevin(force=DoubleWell(1.0, tilt=0.2), dt=0.05)
-    a = binned_path_law(model, 0.3, [-1.0, 0.0, 1.0], 3)
-    b = binned_path_law(model, 0.3, [-1.0, 0.0, 1.0], 3, lo=-9.0, hi=9.0, order=40)
+    edges = [-1.0, 0.0, 1.0]
+    a = binned_path_law(model, 0.3, edges, 2)
+    b = binned_path_law(model, 0.3, edges, 2, lo=-9.0, hi=9.0, order=48)   # wider, finer
     assert max(abs(a[k] - b[k]) for k in a) < 1e-12
-    assert abs(sum(a.values()) - 1) < 1e-12
+    c = binned_path_law(model, 0.3, edges, 3)
+    d = binned_path_law(model, 0.3, edges, 3, order=16)                     # coarser
+    assert max(abs(c[k] - d[k]) for k in c) < 1e-12
+    assert abs(sum(c.values()) - 1) < 1e-12
 
 
 @pytest.mark.slow

@@ -20,6 +20,15 @@ def numeric_force(energy, X, h=1e-6, n_particles=None):
     return F
 
 
+@pytest.fixture
+def one_torch_thread():
+    torch = pytest.importorskip("torch")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)                    # tiny models: threads only add contention
+    yield torch
+    torch.set_num_threads(n)
+
+
 @pytest.mark.parametrize(
     "pot, d",
     [(DoubleWell(1.5), 1), (DoubleWell(1.0, stiffness=2.0, tilt=0.3), 2), (MuellerBrown(0.1), 2)],
@@ -78,8 +87,7 @@ def test_lj_periodic_images_do_not_matter(lj_batch):
     np.testing.assert_allclose(lj.energy(X), lj.energy(wrapped), rtol=1e-12)
 
 
-def test_lj_torch_and_numba_agree(lj_batch):
-    pytest.importorskip("torch")
+def test_lj_torch_and_numba_agree(lj_batch, one_torch_thread):
     X, L = lj_batch
     np.testing.assert_allclose(LennardJones(L, backend="torch")(X), LennardJones(L)(X), atol=1e-9)
 
@@ -130,8 +138,8 @@ def test_lj_torch_on_cuda_matches_cpu(lj_batch):
     np.testing.assert_allclose(gpu, LennardJones(L)(X), atol=1e-8)
 
 
-def test_mlp_potential_force_is_minus_gradient_and_batch_consistent():
-    torch = pytest.importorskip("torch")
+def test_mlp_potential_force_is_minus_gradient_and_batch_consistent(one_torch_thread):
+    torch = one_torch_thread
     from domains.physics.neural import MLPPotential, TorchForce
 
     torch.manual_seed(0)
@@ -141,8 +149,8 @@ def test_mlp_potential_force_is_minus_gradient_and_batch_consistent():
     np.testing.assert_allclose(f(X)[2:3], f(X[2:3]), rtol=1e-12, atol=1e-14)
 
 
-def test_fit_potential_learns_double_well():
-    torch = pytest.importorskip("torch")
+def test_fit_potential_learns_double_well(one_torch_thread):
+    torch = one_torch_thread
     from domains.physics.neural import MLPPotential, TorchForce, fit_potential
 
     torch.manual_seed(0)
@@ -152,3 +160,18 @@ def test_fit_potential_learns_double_well():
     before = np.linalg.norm(TorchForce(module)(X) - well.force(X)) / np.linalg.norm(well.force(X))
     info = fit_potential(module, well.energy, well.force, X, steps=300, batch=256, lr=1e-2)
     assert info["relative_force_rmse"] < 0.1 < before
+
+
+@pytest.mark.gpu
+def test_torch_force_on_cuda_matches_cpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from domains.physics.neural import MLPPotential, TorchForce
+
+    torch.manual_seed(0)
+    module = MLPPotential(d=2, width=64, depth=2)
+    X = np.random.default_rng(0).standard_normal((9, 3, 2))
+    cpu = TorchForce(module, device="cpu", dtype=torch.float64)(X)
+    gpu = TorchForce(module, device="cuda", dtype=torch.float64)(X)
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-9, atol=1e-12)
