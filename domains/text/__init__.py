@@ -7,7 +7,6 @@
 See ``domains/text/README.md``.
 """
 
-from .distill import distill
 from .generator import GenerationOutput, SpeculativeGenerator, check_vocabularies
 from .pair import load_pair
 from .sampling import SamplingConfig
@@ -19,6 +18,5 @@ __all__ = [
     "SamplingConfig",
     "SpeculativeGenerator",
     "check_vocabularies",
-    "distill",
     "load_pair",
 ]
