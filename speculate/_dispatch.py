@@ -44,9 +44,7 @@ def _lengths(lengths: Any, R: int, m: int, k: int) -> np.ndarray:
         a = np.repeat(a[:, None], m, axis=1)
     if a.shape != shape:
         raise ValueError(f"proposal lengths must have shape {shape}, got {a.shape}")
-    if a.size and (a.min() < 0 or a.max() > k):
-        raise ValueError(f"proposal lengths must lie in 0..{k}")
-    return a
+    return a  # the kernels check 0 <= lengths <= k
 
 
 def _categorical(target, proposal, rule, m, k, R, lengths, rng):
@@ -140,6 +138,8 @@ def _at(d: Any, r: int, i: int) -> Any:
 
 def _general(target, proposal, rule, k, R, lengths, rng):
     """Position by position with the one-step rule (token-wise), or exact match (greedy)."""
+    if lengths.size and (lengths.min() < 0 or lengths.max() > k):
+        raise ValueError(f"proposal lengths must lie in 0..{k}, got {lengths}")
     n_out = np.zeros(R, np.int64)
     nxt: list[Any] = [None] * R
     for r in range(R):

@@ -137,32 +137,38 @@ class _FunctionProcess:
     def propose(self, rows, k, m, rng):
         R = len(rows)
         P = R * m  # branches, row-major: branch j of row i is pair i * m + j
-        paths = [[self.states[rows[p // m]]] for p in range(P)]
-        steps = []  # per draft step: (live pair indices, distributions, outcomes)
-        lengths = np.zeros(P, np.int64)
-        self._stopped = {}
-        live = np.arange(P)
+        states = self.states
+        paths = [[states[r]] for r in rows.tolist() for _ in range(m)]
+        steps = []  # per draft step: (live pair indices or None for all, distributions, outcomes)
+        lengths = [0] * P
+        self._stopped = stopped = {}
+        step, stop = self.step, self.stop
+        live = list(range(P))
         for _ in range(k):
-            if live.size == 0:
+            if not live:
                 break
             d = self._draft_step([paths[p][-1] for p in live])
             xs = d.sample(rng) if not isinstance(d, list) else [di.sample(rng) for di in d]
+            xl = xs.tolist() if isinstance(xs, np.ndarray) and xs.ndim == 1 else xs
             still = []
-            for t, p in enumerate(live):
-                s, x = paths[p][-1], xs[t]
-                paths[p].append(self.step(s, x))
+            for p, x in zip(live, xl, strict=True):
+                path = paths[p]
+                s = path[-1]
+                path.append(step(s, x))
                 lengths[p] += 1
-                if self.stop is not None and self.stop(s, x):
-                    self._stopped[p] = int(lengths[p]) - 1
+                if stop is not None and stop(s, x):
+                    stopped[p] = lengths[p] - 1
                 else:
                     still.append(p)
-            steps.append((live, d, xs))
-            live = np.array(still, np.int64)
+            steps.append((None if len(live) == P else np.array(live), d, xs))
+            live = still
         for path in paths:  # pad stopped branches: the target scores k+1 states each, extras unused
-            path.extend([path[-1]] * (k + 1 - len(path)))
+            if len(path) < k + 1:
+                path.extend([path[-1]] * (k + 1 - len(path)))
         self._paths, self._m = paths, m
         shape = (R, k) if m == 1 else (R, m, k)
-        lengths = lengths.reshape(R, m)[:, 0] if m == 1 else lengths.reshape(R, m)
+        lengths = np.array(lengths, np.int64).reshape(R, m)
+        lengths = lengths[:, 0] if m == 1 else lengths
         if k == 0:
             return Proposal(np.zeros(shape, np.int64), None, lengths)
         kinds = {type(d) for _, d, _ in steps}
@@ -171,6 +177,7 @@ class _FunctionProcess:
             q = np.zeros((P, k, V), np.result_type(*[d.dtype for _, d, _ in steps]))
             x = np.zeros((P, k), np.int64)
             for i, (lv, d, xs) in enumerate(steps):
+                lv = slice(None) if lv is None else lv
                 q[lv, i], x[lv, i] = d.probs, xs
             return Proposal(x.reshape(shape), Categorical(probs=q.reshape(*shape, V), validate=False), lengths)
         if kinds == {Normal} and len({d.event_shape for _, d, _ in steps}) == 1:
@@ -178,6 +185,7 @@ class _FunctionProcess:
             loc, scale = np.zeros((P, k, *ev)), np.ones((P, k, *ev))
             x = np.zeros((P, k, *ev))
             for i, (lv, d, xs) in enumerate(steps):
+                lv = slice(None) if lv is None else lv
                 loc[lv, i], scale[lv, i], x[lv, i] = (
                     d.loc,
                     np.broadcast_to(d.scale, d.loc.shape),
@@ -195,7 +203,7 @@ class _FunctionProcess:
         qs = [[None] * k for _ in range(R)]
         xl = [[None] * k for _ in range(R)]
         for i, (lv, d, xs) in enumerate(steps):
-            for t, p in enumerate(lv):
+            for t, p in enumerate(range(P) if lv is None else lv.tolist()):
                 qs[p][i] = d[t]
                 xl[p][i] = xs[t]
         return Proposal(xl, qs, lengths)

@@ -81,6 +81,8 @@ def _lengths(lengths: Any, shape: tuple[int, ...], K: int) -> np.ndarray:
 
 
 def _raise_on(status: np.ndarray, where: np.ndarray) -> None:
+    if not status.any():
+        return
     bad = np.flatnonzero(status != OK)
     if bad.size:
         b = int(bad[0])
