@@ -74,10 +74,19 @@ def batch(rows: list[list[int]], pad: int, device: str):
     return ids, mask
 
 
-def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch_size: int):
-    """name -> function(list of prompt rows, seed) -> (new tokens, stats or None)."""
+def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch_size: int,
+                 early_exit: int = 0):
+    """name -> function(list of prompt rows, seed) -> (new tokens, stats or None).
+
+    With ``early_exit`` > 0 (batch 1), also the draft-free variants: transformers' prompt lookup
+    against ours (``"ngram"``), and ours with the target's first ``early_exit`` layers as draft.
+    """
     gens = {rule: SpeculativeGenerator(target, draft, lookahead=k, verify=rule)
             for rule in ("token", "block")}
+    if early_exit:
+        gens["ngram"] = SpeculativeGenerator(target, "ngram", lookahead=k, verify="block")
+        gens["early-exit"] = SpeculativeGenerator(target, f"early-exit:{early_exit}",
+                                                  lookahead=k, verify="block")
 
     def hf(extra):
         def run(rows, seed):
@@ -104,6 +113,10 @@ def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch
                                     "num_assistant_tokens_schedule": "constant"})
     methods["ours-token"] = ours("token")
     methods["ours-block"] = ours("block")
+    if early_exit and batch_size == 1:
+        methods["hf-prompt-lookup"] = hf({"prompt_lookup_num_tokens": k})
+        methods["ours-ngram"] = ours("ngram")
+        methods[f"ours-early-exit-{early_exit}"] = ours("early-exit")
     return methods
 
 
@@ -128,7 +141,8 @@ def plain_step_time(model, rows, pad, device, n=64) -> float:
 
 def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
     k, n_new = args.lookahead, args.new_tokens
-    methods = make_methods(target, draft, k, n_new, pad, args.device, batch_size)
+    methods = make_methods(target, draft, k, n_new, pad, args.device, batch_size,
+                           early_exit=args.early_exit)
     groups = [all_prompts[i : i + batch_size] for i in range(0, len(all_prompts), batch_size)]
     names = list(methods)
     times = {m: [] for m in names}
@@ -164,7 +178,7 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
             for ref in ("assisted", "assisted-k"):
                 r = [times[ref][i] / times[m][i] for i in range(args.repeats)]
                 rec[f"speedup_vs_{ref}"] = statistics.median(r)
-        if stats[m]:
+        if stats[m] and m in ("ours-token", "ours-block"):
             s = stats[m]
             rec["alpha"] = _pooled(s, "alpha")
             rec["acceptance_rate"] = _pooled(s, "acceptance_rate")
@@ -179,6 +193,9 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
             r_k = rec["time_per_target_call_s"] / statistics.median(step["target"])
             rec["width_cost_r"] = r_k
             rec["prediction_with_width_cost"] = theory.expected_tokens(alpha, k) / (k * c + r_k)
+        elif stats[m]:
+            rec["acceptance_rate"] = _pooled(stats[m], "acceptance_rate")
+            rec["tokens_per_call"] = _pooled(stats[m], "tokens_per_call")
         out["methods"][m] = rec
     out.update(alpha_token=alpha, cost_ratio_c=c,
                plain_step_s=statistics.median(step["target"]),
@@ -306,7 +323,7 @@ def markdown(res: dict, command: str) -> str:
 def goals(res: dict) -> list[str]:
     out = []
     for s in res["settings"]:
-        ours = {m: r for m, r in s["methods"].items() if m.startswith("ours")}
+        ours = {m: r for m, r in s["methods"].items() if m in ("ours-token", "ours-block")}
         best = max(ours, key=lambda m: ours[m]["speedup_vs_plain"])
         r = ours[best]
         if s["batch"] == 1:
@@ -342,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--early-exit", type=int, default=3,
+                    help="batch 1 also runs n-gram and early-exit:N drafts (0: skip)")
     ap.add_argument("--sweep", type=int, default=8, help="also sweep k = 1..SWEEP at batch 1 (0: skip)")
     ap.add_argument("--sweep-prompts", type=int, default=4)
     ap.add_argument("--out", default=None)

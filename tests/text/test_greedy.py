@@ -69,3 +69,17 @@ def test_greedy_stops_at_eos_like_hf(make_llama):
     for r, p in enumerate(PROMPTS):
         assert out.new_tokens[r] == _hf_greedy(target, p, 30, eos=eos)
     assert out.new_tokens[0][-1] == eos and len(out.new_tokens[0]) <= 5
+
+
+def test_right_padding_equals_left_padding(make_llama):
+    target = make_llama(dtype=torch.float64, init_std=0.3)
+    gen = SpeculativeGenerator(target, "ngram", lookahead=3)
+    ids, mask = _batch(PROMPTS)
+    left = gen.generate(ids, attention_mask=mask, max_new_tokens=12, temperature=0,
+                        eos_token_id=[])
+    L = max(map(len, PROMPTS))
+    ids = torch.tensor([p + [0] * (L - len(p)) for p in PROMPTS])
+    mask = torch.tensor([[1] * len(p) + [0] * (L - len(p)) for p in PROMPTS])
+    right = gen.generate(ids, attention_mask=mask, max_new_tokens=12, temperature=0,
+                         eos_token_id=[])
+    assert right.sequences == left.sequences
