@@ -83,6 +83,7 @@ def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch
     """
     gens = {rule: SpeculativeGenerator(target, draft, lookahead=k, verify=rule)
             for rule in ("token", "block")}
+    gens["auto"] = SpeculativeGenerator(target, draft, lookahead="auto", verify="block")
     if early_exit:
         gens["ngram"] = SpeculativeGenerator(target, "ngram", lookahead=k, verify="block")
         gens["early-exit"] = SpeculativeGenerator(target, f"early-exit:{early_exit}",
@@ -113,6 +114,7 @@ def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch
                                     "num_assistant_tokens_schedule": "constant"})
     methods["ours-token"] = ours("token")
     methods["ours-block"] = ours("block")
+    methods["ours-block-auto"] = ours("auto")
     if early_exit and batch_size == 1:
         methods["hf-prompt-lookup"] = hf({"prompt_lookup_num_tokens": k})
         methods["ours-ngram"] = ours("ngram")
