@@ -31,7 +31,10 @@ def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Seque
 
 
 class MLPPolicy(nn.Module):
-    """Categorical policy: observations [N, obs_dim] -> logits [N, n_actions] (divided by ``temperature``)."""
+    """Categorical policy: observations [N, obs_dim] -> logits [N, n_actions] (divided by ``temperature``).
+
+    ``obs_scale`` (optional, one number per observation coordinate) divides the observations first.
+    """
 
     def __init__(
         self,
@@ -40,15 +43,18 @@ class MLPPolicy(nn.Module):
         hidden: Sequence[int] = (64, 64),
         temperature: float = 1.0,
         activation: type[nn.Module] = nn.Tanh,
+        obs_scale: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.net = mlp([obs_dim, *hidden, n_actions], activation)
         self.temperature = float(temperature)
+        scale = torch.ones(obs_dim) if obs_scale is None else torch.as_tensor(obs_scale, dtype=torch.float32)
+        self.register_buffer("obs_scale", scale)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.float()) / self.temperature  # [N, n_actions]
+        return self.net(obs.float() / self.obs_scale) / self.temperature  # [N, n_actions]
 
 
 class GaussianMLPPolicy(nn.Module):

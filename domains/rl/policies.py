@@ -38,7 +38,7 @@ import numpy as np
 
 from speculate.distributions import Categorical, Normal, as_distribution
 
-__all__ = ["TabularPolicy", "action_distributions", "batch_observations", "policy_name"]
+__all__ = ["Prepared", "TabularPolicy", "action_distributions", "batch_observations", "policy_name", "prepare"]
 
 
 class TabularPolicy:
@@ -101,18 +101,16 @@ def _check_eval(module: Any, name: str) -> None:
             )
 
 
-def _to_torch(obs: Any, module: Any) -> Any:
+def _to_torch(obs: Any, device: Any) -> Any:
     import torch
 
-    p = next(module.parameters(), None)
-    device = p.device if p is not None else torch.device("cpu")
     if isinstance(obs, dict):
-        return {k: _to_torch(v, module) for k, v in obs.items()}
+        return {k: _to_torch(v, device) for k, v in obs.items()}
     if isinstance(obs, tuple):
-        return tuple(_to_torch(v, module) for v in obs)
+        return tuple(_to_torch(v, device) for v in obs)
     a = np.asarray(obs)
     dtype = torch.int64 if np.issubdtype(a.dtype, np.integer) else torch.float32
-    return torch.as_tensor(a, device=device).to(dtype)
+    return torch.as_tensor(a, dtype=dtype, device=device)
 
 
 def _numpy(x: Any) -> np.ndarray:
@@ -121,15 +119,33 @@ def _numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _call(policy: Callable, obs: Any) -> Any:
-    module = _torch_module(policy)
-    if module is None:
-        return policy(obs)
-    import torch
+class Prepared:
+    """A policy ready to be called many times: torch modules are checked once (eval mode) and get
+    numpy observations as tensors on their device, under ``torch.inference_mode()``."""
 
-    _check_eval(module, policy_name(policy))
-    with torch.inference_mode():
-        return module(_to_torch(obs, module))
+    def __init__(self, policy: Callable) -> None:
+        if isinstance(policy, Prepared):
+            policy = policy.policy
+        self.policy = policy
+        self.name = policy_name(policy)
+        self.module = _torch_module(policy)
+        if self.module is not None:
+            _check_eval(self.module, self.name)
+            p = next(self.module.parameters(), None)
+            self.device = p.device if p is not None else None
+
+    def __call__(self, obs: Any) -> Any:
+        if self.module is None:
+            return self.policy(obs)
+        import torch
+
+        with torch.inference_mode():
+            return self.module(_to_torch(obs, self.device))
+
+
+def prepare(policy: Callable) -> Prepared:
+    """Wrap ``policy`` for repeated calls (raises ValueError for a module with dropout in training mode)."""
+    return policy if isinstance(policy, Prepared) else Prepared(policy)
 
 
 def action_distributions(policy: Callable, observations: Any, action_space: Any, n: int | None = None) -> Any:
@@ -142,8 +158,9 @@ def action_distributions(policy: Callable, observations: Any, action_space: Any,
 
     if n is None:
         n = len(observations)
-    name = policy_name(policy)
-    out = _call(policy, observations)
+    policy = prepare(policy)
+    name = policy.name
+    out = policy(observations)
     if isinstance(action_space, gym.spaces.Discrete):
         return _categorical(out, n, int(action_space.n), name)
     if isinstance(action_space, gym.spaces.Box):
@@ -184,6 +201,13 @@ def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
             f"policy {name} returned {type(out).__name__}; a Discrete action space needs a Categorical "
             "(or logits [N, n_actions])"
         )
+    elif mod.startswith("torch") and getattr(out, "ndim", 0) == 2:  # logits tensor: softmax in torch
+        import torch
+
+        probs = torch.softmax(out.detach().double(), dim=-1).cpu().numpy()  # [N, A]
+        if not np.isfinite(probs).all():
+            raise ValueError(f"policy {name} returned logits with NaN or inf")
+        out = Categorical(probs=probs, validate=False)
     elif not isinstance(out, Categorical):
         logits = _numpy(out)
         if logits.dtype == object or logits.ndim != 2:

@@ -23,7 +23,7 @@ import numpy as np
 from speculate.distributions import Categorical, Normal
 from speculate.rounds import Stats, run
 
-from .policies import action_distributions, batch_observations
+from .policies import action_distributions, batch_observations, prepare
 from .process import RolloutProcess
 from .snapshots import SnapshotError, snapshotter
 
@@ -130,10 +130,12 @@ def _check_spaces(envs: list) -> None:
 
 
 def _per_env(policy: Any, N: int, what: str) -> list:
+    """One prepared policy per env (the same object for envs that share a policy)."""
     if callable(policy):
-        return [policy] * N
+        return [prepare(policy)] * N
     if isinstance(policy, Sequence) and len(policy) == N and all(callable(p) for p in policy):
-        return list(policy)
+        prepared = {id(p): prepare(p) for p in policy}
+        return [prepared[id(p)] for p in policy]
     if isinstance(policy, Sequence):
         raise ValueError(f"{what}: give one callable, or a sequence of {N} (one per environment)")
     raise TypeError(f"{what} must be callable (observations -> action distributions), got {type(policy).__name__}")

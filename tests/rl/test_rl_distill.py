@@ -50,3 +50,25 @@ def test_acceptance_is_one_for_identical_policies_and_errors() -> None:
         distill_policy(pi, lambda o: o, lambda: gym.make("CartPole-v1"))
     with pytest.raises(ValueError, match="loss"):
         distill_policy(pi, MLPPolicy(4, 2), lambda: gym.make("CartPole-v1"), loss="js")
+
+
+def test_behaviour_clone_fits_the_soft_linear_teacher() -> None:
+    from domains.rl.cartpole import CARTPOLE_SCALE, SoftLinearPolicy, behaviour_clone
+
+    torch.manual_seed(0)
+    teacher = SoftLinearPolicy([0.05, -0.07, 0.91, 0.40], temperature=0.05)
+    model = MLPPolicy(4, 2, hidden=(32,), obs_scale=CARTPOLE_SCALE)
+    log = behaviour_clone(teacher, model, episodes=4, steps=300, lr=3e-3, seed=0, log_every=100)
+    assert log[-1]["cross_entropy"] < log[0]["cross_entropy"]
+    x = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32) * np.float32(0.05)
+    assert acceptance(teacher, model, x, gym.make("CartPole-v1").action_space) > 0.9
+    assert not model.training
+
+
+@pytest.mark.slow
+def test_demo_runs(capsys) -> None:
+    from domains.rl.demo import demo
+
+    assert demo(["--quick", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "speedup" in out and "alpha" in out
