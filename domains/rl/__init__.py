@@ -5,7 +5,9 @@
 
 from .distill import DistillReport, distill_policy
 from .policies import TabularPolicy
-from .rollout import (
+from .snapshot_check import check_snapshot
+from .snapshots import EnvSnapshotter, SnapshotError, register_snapshot, snapshotter
+from .speculative import (
     Rollouts,
     Trajectory,
     rollout,
@@ -13,8 +15,6 @@ from .rollout import (
     speculative_rollout,
     speculative_rollouts,
 )
-from .snapshot_check import check_snapshot
-from .snapshots import EnvSnapshotter, SnapshotError, register_snapshot, snapshotter
 
 __all__ = [
     "DistillReport",

@@ -111,7 +111,7 @@ def behaviour_clone(
     import torch
 
     from .policies import action_distributions
-    from .rollout import rollouts
+    from .speculative import rollouts
 
     space = gym.make("CartPole-v1").action_space
     runs = rollouts([lambda: gym.make("CartPole-v1")] * episodes, teacher, max_steps=500, seed=seed)

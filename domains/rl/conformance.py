@@ -22,7 +22,7 @@ import numpy as np
 
 from .exact import trajectory_key, trajectory_law
 from .policies import TabularPolicy
-from .rollout import speculative_rollouts
+from .speculative import speculative_rollouts
 
 __all__ = ["conformance_cases", "frozenlake_pair", "sample_keys"]
 

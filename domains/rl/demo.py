@@ -66,7 +66,7 @@ def demo(argv: list[str] | None = None) -> int:
 
     from speculate import theory
 
-    from .rollout import rollouts, speculative_rollouts
+    from .speculative import rollouts, speculative_rollouts
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .policies import action_distributions, batch_observations
-from .rollout import rollouts
+from .speculative import rollouts
 
 __all__ = ["DistillReport", "acceptance", "distill_policy"]
 

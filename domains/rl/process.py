@@ -102,6 +102,12 @@ class RolloutProcess:
                 out[0][idx], out[1][idx] = d.loc, np.broadcast_to(d.scale, d.loc.shape)
         return out
 
+    def _sample_draft(self, dist: Any, rows: np.ndarray, j: int, rng: np.random.Generator) -> Any:
+        """Drafted actions of ``rows`` at draft position ``j``: fresh draws from the round's ``rng``
+        (replaying earlier randomness here would bias block verification, proofs/05 statement 4;
+        tests/rl override this to show that their checks catch it)."""
+        return dist.sample(rng)
+
     def _env_action(self, a: Any) -> Any:
         if self.discrete:
             return int(a)
@@ -135,11 +141,11 @@ class RolloutProcess:
             d = self._dists(self.drafts, [int(rows[i]) for i in live], [self._obs[i][-1] for i in live])
             if self.discrete:
                 dist = Categorical(probs=d, validate=False)  # [n_live, A]
-                acts = dist.sample(rng)
+                acts = self._sample_draft(dist, rows[live], j, rng)
                 q[live, j] = d
             else:
                 dist = Normal(d[0], d[1], batch_ndims=1, validate=False)  # [n_live, *shape]
-                acts = dist.sample(rng)
+                acts = self._sample_draft(dist, rows[live], j, rng)
                 loc[live, j], scale[live, j] = d
             outcomes[live, j] = acts
             still = []

@@ -9,7 +9,7 @@ import pytest
 
 MODULES = [
     "domains.rl", "domains.rl.snapshots", "domains.rl.snapshot_check", "domains.rl.policies",
-    "domains.rl.rollout", "domains.rl.exact", "domains.rl.models", "domains.rl.distill",
+    "domains.rl.speculative", "domains.rl.exact", "domains.rl.models", "domains.rl.distill",
     "domains.rl.conformance",
 ]
 
