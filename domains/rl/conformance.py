@@ -91,4 +91,4 @@ def _case(verify: str, n: int) -> Any:
 
 def conformance_cases() -> list:
     """The RL cases of the shared conformance suite (about 10 s together on one CPU core)."""
-    return [_case("token", 4000), _case("block", 4000)]
+    return [_case("token", 5000), _case("block", 5000)]

@@ -5,7 +5,7 @@ verifies by reflection maximal coupling (constant time); with unequal stds by th
 (accept min(1, p/q), residual by rejection from p). For each, n episodes of speculative and of plain
 rollouts are compared on the joint vector (a_1, o_1, a_4, o_4, a_8, o_8) (14 coordinates) with
 ``assert_same_continuous`` (Kolmogorov-Smirnov on every coordinate and 16 random projections,
-Bonferroni-corrected). Level alpha = 1e-6 per check; power: a shift of the sup-distance between the
+Bonferroni-corrected). Level alpha = 1e-7 per check; power: a shift of the sup-distance between the
 CDFs of any coordinate or projection by ``D`` (asserted below) is caught with probability >= 99%.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from domains.rl import rollouts, speculative_rollouts
 from speculate.testing import assert_same_continuous, ks_sample_size
 
-ALPHA = 1e-6
+ALPHA = 1e-7  # per check, as tests/_calib.py
 STEPS = (0, 3, 7)  # a_1/o_1, a_4/o_4, a_8/o_8 (0-based action index)
 
 

@@ -13,14 +13,6 @@ from domains.rl.distill import acceptance
 from domains.rl.models import GaussianMLPPolicy, MLPPolicy
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("loss", ["kl", "tv"])
 def test_distill_raises_acceptance_on_cartpole(loss: str) -> None:
     torch.manual_seed(0)

@@ -7,8 +7,8 @@ The outcome of an episode is its first ``pairs`` (action, observation) pairs
 computed exactly from P and ``env.unwrapped.P`` and compared with a chi-square test
 (``speculate.testing``).
 
-Calibration: each check has level alpha = 1e-6 (so the family of the checks below, 4 in the default
-run and 4 slow ones, falsely fails with probability < 1e-5). Power: every test computes, with
+Calibration: each check has level alpha = 1e-7, the project's per-check level (tests/_calib.py;
+the suite's family-wise false-alarm rate stays below 2e-5). Power: every test computes, with
 ``chi2_sample_size``, the total-variation deviation (on the merged cells) that it detects with
 probability >= 99%, and asserts it is at most the ``TV`` stated next to it.
 """
@@ -24,7 +24,7 @@ from domains.rl.conformance import frozenlake_pair, sample_keys
 from domains.rl.exact import trajectory_key, trajectory_law
 from speculate.testing import assert_categorical_matches, chi2_sample_size
 
-ALPHA = 1e-6
+ALPHA = 1e-7  # per check, as tests/_calib.py
 
 # A second, smaller-holed slippery map, so that rows of one batch follow different laws.
 MAP_B = ["SFFF", "FFFH", "FHFF", "FFFG"]
@@ -52,21 +52,21 @@ def _check(keys: list, law: dict, n: int, tv: float, label: str) -> None:
 
 @pytest.mark.parametrize("verify", ["token", "block"])
 def test_frozenlake_two_pairs(verify: str) -> None:
-    """max_steps=3, lookahead=2: one full round (2 drafts + the verifier's step) and the next. TV 0.07."""
+    """max_steps=3, lookahead=2: one full round (2 drafts + the verifier's step) and the next. TV 0.075."""
     P, Q = frozenlake_pair(seed=11)
     n = 8000
     law = trajectory_law(_frozenlake()(), P, steps=2)
     keys = sample_keys(_frozenlake(), TabularPolicy(P), TabularPolicy(Q), n, pairs=2, max_steps=3,
                        lookahead=2, verify=verify, seed=1)
-    _check(keys, law, n, 0.07, f"FrozenLake {verify}")
+    _check(keys, law, n, 0.075, f"FrozenLake {verify}")
 
 
 def test_frozenlake_many_envs_different_policies_and_maps() -> None:
     """One batch of 600 envs: rows alternate between two maps and two (policy, draft) pairs, so each
     row has its own law; ragged acceptance, rows ending at different times, automatic lookahead.
-    Each configuration is checked on its own rows. TV 0.1 per configuration."""
+    Each configuration is checked on its own rows. TV 0.09 per configuration."""
     configs = [(None, *frozenlake_pair(seed=3)), (MAP_B, *frozenlake_pair(seed=4, mix=0.7))]
-    N, n_each = 600, 4000
+    N, n_each = 600, 5000
     makes = [_frozenlake(configs[i % 2][0]) for i in range(N)]
     pols = [TabularPolicy(configs[i % 2][1]) for i in range(2)]
     drafts = [TabularPolicy(configs[i % 2][2]) for i in range(2)]
@@ -81,33 +81,33 @@ def test_frozenlake_many_envs_different_policies_and_maps() -> None:
         call += 1
     for c in range(2):
         law = trajectory_law(makes[c](), configs[c][1], steps=2)
-        _check(keys[c][:n_each], law, n_each, 0.1, f"config {c}")
+        _check(keys[c][:n_each], law, n_each, 0.09, f"config {c}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("verify", ["token", "block"])
 def test_frozenlake_three_pairs_slow(verify: str) -> None:
     """max_steps=4, lookahead=3: the first round drafts 3 steps, so block verification's decision
-    depends on drafted states beyond the kept prefix. Law of 3 pairs (1078 outcomes). TV 0.035."""
+    depends on drafted states beyond the kept prefix. Law of 3 pairs (1078 outcomes). TV 0.045."""
     P, Q = frozenlake_pair(seed=11)
     n = 60_000
     law = trajectory_law(_frozenlake()(), P, steps=3)
     keys = sample_keys(_frozenlake(), TabularPolicy(P), TabularPolicy(Q), n, pairs=3, max_steps=4,
                        lookahead=3, verify=verify, seed=2)
-    _check(keys, law, n, 0.035, f"FrozenLake 3 pairs {verify}")
+    _check(keys, law, n, 0.045, f"FrozenLake 3 pairs {verify}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("verify", ["token", "block"])
 def test_frozenlake_8x8_long_lookahead_slow(verify: str) -> None:
-    """8x8 map, lookahead 5, law of 4 pairs: deeper rounds, TimeLimit wrapper in the stack. TV 0.035."""
+    """8x8 map, lookahead 5 (the first round drafts 5 steps), law of 3 pairs. TV 0.055."""
     P, Q = frozenlake_pair(seed=5, n_states=64, mix=0.4)
     n = 40_000
     make = lambda: gym.make("FrozenLake8x8-v1", is_slippery=True)  # noqa: E731
-    law = trajectory_law(make(), P, steps=4)
-    keys = sample_keys(make, TabularPolicy(P), TabularPolicy(Q), n, pairs=4, max_steps=6,
+    law = trajectory_law(make(), P, steps=3)
+    keys = sample_keys(make, TabularPolicy(P), TabularPolicy(Q), n, pairs=3, max_steps=6,
                        lookahead=5, verify=verify, seed=3)
-    _check(keys, law, n, 0.035, f"FrozenLake8x8 {verify}")
+    _check(keys, law, n, 0.055, f"FrozenLake8x8 {verify}")
 
 
 def test_law_is_a_distribution_and_differs_between_configs() -> None:

@@ -10,7 +10,7 @@ the discarded draft that made block verification reject would come back in the n
 The environment below makes statement 4's counterexample concrete (observation = the last action;
 target pi(.|start) = (1/4, 3/4), pi(.|after 0) = (0, 1), pi(.|after 1) = (1/2, 1/2); uniform draft;
 lookahead 2): with replayed draft coins the first two actions have law (1,0): 1/2, (1,1): 1/4,
-(0,1): 1/4 instead of 3/8, 3/8, 1/4 (TV 1/8). The chi-square check (level 1e-6) must reject that
+(0,1): 1/4 instead of 3/8, 3/8, 1/4 (TV 1/8). The chi-square check (level 1e-7) must reject that
 process and accept the real one; token-wise verification stays exact even with replayed coins.
 """
 
@@ -26,7 +26,7 @@ from domains.rl.exact import trajectory_key, trajectory_law
 from domains.rl.process import RolloutProcess
 from speculate.testing import assert_categorical_matches, chi2_sample_size
 
-ALPHA = 1e-6
+ALPHA = 1e-7  # per check, as tests/_calib.py
 PI = np.array([[0.25, 0.75], [0.0, 1.0], [0.5, 0.5]])
 DRAFT = np.full((3, 2), 0.5)
 
