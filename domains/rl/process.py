@@ -35,6 +35,25 @@ from speculate.rounds import Proposal
 from .policies import action_distributions, batch_observations
 
 
+def own(obs: Any) -> Any:
+    """A copy of an observation (arrays, tuples / dicts of them) that the env cannot overwrite later:
+    an env that returns the same buffer every step would otherwise make the k+1 drafted
+    observations alias one array by the time the policy scores them."""
+    if isinstance(obs, np.ndarray):
+        return obs.copy()
+    if isinstance(obs, tuple):
+        return tuple(own(o) for o in obs)
+    if isinstance(obs, dict):
+        return {k: own(v) for k, v in obs.items()}
+    return obs
+
+
+def step_env(env: Any, action: Any) -> tuple:
+    """``env.step(action)`` with the observation copied and the info dict shallow-copied."""
+    obs, reward, terminated, truncated, info = env.step(action)
+    return own(obs), reward, terminated, truncated, dict(info)
+
+
 class _Row:
     """The committed trajectory of one environment."""
 
@@ -70,7 +89,7 @@ class RolloutProcess:
         drafts: list,
         max_steps: int,
     ) -> None:
-        self.rows = [_Row(e, s, o) for e, s, o in zip(envs, snaps, first_obs, strict=True)]
+        self.rows = [_Row(e, s, own(o)) for e, s, o in zip(envs, snaps, first_obs, strict=True)]
         self.policies, self.drafts = policies, drafts
         self.obs_space = envs[0].observation_space
         self.act_space = envs[0].action_space
@@ -152,7 +171,7 @@ class RolloutProcess:
             for i, a in zip(live, acts, strict=True):
                 row = self.rows[rows[i]]
                 self._snaps[i].append(row.snap.save())  # s_j, before the drafted step
-                step = row.env.step(self._env_action(a))
+                step = step_env(row.env, self._env_action(a))
                 self._steps[i].append((self._env_action(a), step))
                 self._obs[i].append(step[0])
                 lengths[i] = j + 1
@@ -197,7 +216,7 @@ class RolloutProcess:
                 if n < L:
                     row.snap.restore(self._snaps[i][n])  # RNG included: see the module docstring
                 a = self._env_action(e[n])
-                row.append(a, row.env.step(a))
+                row.append(a, step_env(row.env, a))
                 n_used[i] = n + 1
             elif kept < L:
                 row.snap.restore(self._snaps[i][kept])

@@ -300,7 +300,7 @@ def rollouts(
     """
     import gymnasium as gym
 
-    from .process import _Row
+    from .process import _Row, own, step_env
 
     max_steps = _check_steps(max_steps)
     env_list, owned = _as_envs(envs)
@@ -311,7 +311,7 @@ def rollouts(
         env_seeds, rng = _seeds(seed, N)
         space, act_space = env_list[0].observation_space, env_list[0].action_space
         discrete = isinstance(act_space, gym.spaces.Discrete)
-        rows = [_Row(e, None, e.reset(seed=s)[0]) for e, s in zip(env_list, env_seeds, strict=True)]
+        rows = [_Row(e, None, own(e.reset(seed=s)[0])) for e, s in zip(env_list, env_seeds, strict=True)]
         for _ in range(max_steps):
             live = [i for i in range(N) if not rows[i].done]
             if not live:
@@ -326,7 +326,7 @@ def rollouts(
                     d.loc, d.scale, batch_ndims=1, validate=False)
                 for i, a in zip(idx, d.sample(rng), strict=True):
                     a = int(a) if discrete else np.asarray(a, dtype=act_space.dtype)
-                    rows[i].append(a, rows[i].env.step(a))
+                    rows[i].append(a, step_env(rows[i].env, a))
         for r in rows:
             if not r.done and len(r.actions) >= max_steps:
                 r.truncated = r.done = True

@@ -128,3 +128,30 @@ def test_stats_and_ragged_rows() -> None:
         assert t.terminated != t.truncated
         assert all("prob" in info for info in t.infos)
     assert out.stats.proposed >= out.stats.accepted > 0
+
+
+class BufferEnv(gym.Env):
+    """Returns the same observation array every step, overwritten in place (allowed by gymnasium,
+    flagged by its checker): drafted observations must be copied before the policy scores them."""
+
+    observation_space = gym.spaces.Box(-10.0, 10.0, (1,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.buf = np.zeros(1)
+        return self.buf, {}
+
+    def step(self, a):
+        self.buf[0] = np.clip(self.buf[0] + (0.3 if a else -0.3) + self.np_random.normal(0, 0.5), -10, 10)
+        return self.buf, 0.0, False, False, {}
+
+
+def test_env_that_reuses_its_observation_buffer() -> None:
+    target = lambda obs: np.where(obs[:, :1] > 0, [[30.0, -30.0]], [[-30.0, 30.0]])  # noqa: E731
+    draft = lambda obs: np.zeros((len(obs), 2))  # noqa: E731
+    envs = [gym.wrappers.TimeLimit(BufferEnv(), 100) for _ in range(4)]
+    for verify in ("token", "block"):
+        spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=4, verify=verify, seed=0)
+        _same(spec, rollouts(envs, target, max_steps=30, seed=0))
+        assert len({float(x) for x in spec[0].observations[:, 0]}) > 10  # not all one aliased value
