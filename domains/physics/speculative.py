@@ -78,6 +78,16 @@ class LangevinProcess:
         F[~finite] = 0.0
         return F, finite
 
+    def _cut_blown(self, S: np.ndarray, loc: np.ndarray, lengths: np.ndarray, i: int) -> None:
+        """Rows whose drafted s_{i+1} overflowed (a finite but huge draft force): cut at i."""
+        blown = ~np.isfinite(S[:, i + 1].reshape(S.shape[0], -1)).all(axis=1)
+        if blown.any():
+            cut = blown & (lengths > i)
+            self.draft_truncations += int(cut.sum())
+            lengths[cut] = i
+            loc[blown, i] = S[blown, i]                             # keep every array finite
+            S[blown, i + 1] = S[blown, i]
+
     def propose(self, rows: np.ndarray, k: int, m: int, rng: np.random.Generator) -> Proposal:
         if m != 1:
             raise ValueError("speculative_simulate drafts one branch per round (drafts=1)")
@@ -100,28 +110,27 @@ class LangevinProcess:
                 self.has_G[rows[need]] = True
                 lengths[need[~ok]] = 0
             correction = correction - self.G_ref[rows]
-        for i in range(k):
-            if draft == "frozen":
-                F = correction
-            else:
-                fn = draft.draft if isinstance(draft, FrozenCorrection) else draft
-                F, ok = self._cheap(fn, S[:, i], rows, i)
-                if G is not None:
-                    G[:, i] = F
-                    F = F + correction
-                cut = ~ok & (lengths > i)
-                self.draft_truncations += int(cut.sum())
-                lengths[cut] = i                                    # the draft stops there
+        noise = self.scale * rng.standard_normal(loc.shape)         # [R, k, N, d]
+        if draft == "frozen":                                       # the same drift every step
+            drift = (model.dt / model.gamma) * correction
+            for i in range(k):
+                np.add(S[:, i], drift, out=loc[:, i])
+                np.add(loc[:, i], noise[:, i], out=S[:, i + 1])
+            if k and not np.isfinite(S).all():
+                for i in range(k):
+                    self._cut_blown(S, loc, lengths, i)
+        for i in range(k if draft != "frozen" else 0):
+            fn = draft.draft if isinstance(draft, FrozenCorrection) else draft
+            F, ok = self._cheap(fn, S[:, i], rows, i)
+            if G is not None:
+                G[:, i] = F
+                F = F + correction
+            cut = ~ok & (lengths > i)
+            self.draft_truncations += int(cut.sum())
+            lengths[cut] = i                                        # the draft stops there
             loc[:, i] = model.mean(S[:, i], F)
-            noise = rng.standard_normal(loc.shape[0:1] + loc.shape[2:])  # [R, N, d]
-            S[:, i + 1] = loc[:, i] + self.scale * noise
-            blown = ~np.isfinite(S[:, i + 1].reshape(R, -1)).all(axis=1)
-            if blown.any():                                         # a finite but huge draft force
-                cut = blown & (lengths > i)
-                self.draft_truncations += int(cut.sum())
-                lengths[cut] = i
-                loc[blown, i] = S[blown, i]                         # keep every array finite
-                S[blown, i + 1] = S[blown, i]
+            S[:, i + 1] = loc[:, i] + noise[:, i]
+            self._cut_blown(S, loc, lengths, i)                     # before the next draft call
         self._round = {"S": S, "G": G, "lengths": lengths}
         dists = Normal(loc, self.scale, batch_ndims=2, validate=False)
         return Proposal(outcomes=S[:, 1:], dists=dists, lengths=lengths)
@@ -165,13 +174,16 @@ class LangevinProcess:
         if go.size == 0:
             return n, self.step[rows] >= self.n_steps
         last = n[go] - 1                                    # em[-1] came from s_last's transition
-        E = S[:, 1:].copy()                                 # [R, k, N, d]: kept drafts are s_1 ..
-        if E.shape[1] < K1:
-            E = np.concatenate([E, S[:, :1]], axis=1)       # room for the verifier's draw
-        E[go, last] = np.stack([np.asarray(emitted[i][-1]) for i in go])
-        self.recorder.record_block(rows[go], self.step[rows[go]], E[go], n[go])
         r = rows[go]
-        self.X[r] = E[go, last]
+        X_new = np.stack([np.asarray(emitted[i][-1]) for i in go])             # [G, N, d]
+        every = self.recorder.every
+        rec = (self.step[r] + n[go]) // every > self.step[r] // every        # a recorded step
+        if rec.any():
+            g = go[rec]
+            E = np.concatenate([S[g, 1:], S[g, :1]], axis=1)  # [G', k+1, N, d]: s_1 .. s_k, spare
+            E[np.arange(len(g)), last[rec]] = X_new[rec]
+            self.recorder.record_block(rows[g], self.step[rows[g]], E, n[g])
+        self.X[r] = X_new
         self.X_ref[r], self.F_ref[r], self.has_ref[r] = S[go, last], F[go, last], True
         if G is not None:
             self.G_ref[r] = G[go, last]
