@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['held_out_relative_force_rmse']:.4f}. One particle, kT = 1, gamma = 1, one "
         f"trajectory of {args.steps} steps from the deepest minimum.",
         "",
-        "Cost of one force call on b configurations (median):",
+        "Cost of one force call on b configurations (best of 20):",
         "",
         "| b | " + " | ".join(str(b) for b in sizes) + " |",
         "|---|" + "---|" * len(sizes),
