@@ -46,10 +46,20 @@ from speculate import theory  # noqa: E402
 LARGE = ROOT / "benchmarks" / "text" / "models" / "large"
 
 
-def load(pair: str, device: str, dtype: torch.dtype):
+def load(pair: str, device: str, dtype: torch.dtype, train_missing: bool):
+    """The pair's (target, draft, tokenizer); ``large`` is trained first when missing and asked."""
+    import subprocess
+
     from domains.text.pair import load_pair
 
     path = None if pair == "embedded" else (LARGE if pair == "large" else Path(pair))
+    if pair == "large" and not (LARGE / "draft" / "model.safetensors").is_file():
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "text" / "train_pair.py"), "--size", "large"]
+        if not train_missing:
+            raise SystemExit(f"the larger pair is not in {LARGE}; train it (about 40 min on one "
+                             f"thread) with: {' '.join(cmd[1:])}, or pass --train-missing")
+        print(f"the larger pair is missing: training it now with {' '.join(cmd[1:])}", flush=True)
+        subprocess.run(cmd, check=True, cwd=ROOT)
     return load_pair(device=device, dtype=dtype, path=path)
 
 
@@ -366,10 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", type=int, default=8, help="also sweep k = 1..SWEEP at batch 1 (0: skip)")
     ap.add_argument("--sweep-prompts", type=int, default=4)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--train-missing", action="store_true",
+                    help="train the larger pair first when it is missing (--pair large)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    target, draft, tok = load(args.pair, args.device, dtype)
+    target, draft, tok = load(args.pair, args.device, dtype, args.train_missing)
     pad = tok.pad_token_id
     rows = prompts(tok, args.prompts, args.prompt_bytes, args.seed)
     res = {"pair": args.pair, "device": args.device, "dtype": args.dtype, "threads": args.threads,
