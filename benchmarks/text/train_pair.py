@@ -86,7 +86,7 @@ PRESETS = {
     "large": dict(
         target=ModelSpec(layers=16, dim=192, heads=6, mlp=512, context=256),
         draft=ModelSpec(layers=1, dim=128, heads=4, mlp=352, context=256),
-        target_train=TrainSpec(steps=1400, batch=8, lr=1.5e-3, warmup=100),
+        target_train=TrainSpec(steps=1000, batch=8, lr=1.5e-3, warmup=100),
         draft_train=TrainSpec(steps=2000, batch=8, lr=3e-3, warmup=50),
         distill=DistillSpec(steps=500, batch=16, prefix_len=128, continuation_len=64, lr=1e-3,
                             on_policy=1.0, divergences=("tv",)),
@@ -227,6 +227,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply all step counts (e.g. 0.02 for a smoke run)")
     ap.add_argument("--eval-windows", type=int, default=128)
+    ap.add_argument("--draft", default=None, metavar="L,D,H,MLP",
+                    help="override the draft's layers, width, heads, MLP width")
+    ap.add_argument("--divergences", default=None, help="comma-separated, e.g. tv,fkl")
+    ap.add_argument("--distill-steps", type=int, default=None)
     args = ap.parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in
                                    ["benchmarks/text/train_pair.py", *sys.argv[1:]])
@@ -241,13 +245,19 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or P["out"]
     results = args.results or P["results"]
     tspec, dspec = P["target"], P["draft"]
+    if args.draft:
+        layers, dim, heads, mlp = (int(x) for x in args.draft.split(","))
+        dspec = ModelSpec(layers, dim, heads, mlp, dspec.context)
 
     def scaled(s: TrainSpec) -> TrainSpec:
         return TrainSpec(max(1, round(s.steps * args.scale)), s.batch, s.lr,
                          min(s.warmup, max(1, round(s.steps * args.scale) // 4)), s.weight_decay)
 
     tt, dt, ds = scaled(P["target_train"]), scaled(P["draft_train"]), P["distill"]
-    ds = DistillSpec(**{**asdict(ds), "steps": max(1, round(ds.steps * args.scale))})
+    ds = DistillSpec(**{**asdict(ds), "steps": max(1, round(
+        (args.distill_steps or ds.steps) * args.scale))})
+    if args.divergences:
+        ds.divergences = tuple(args.divergences.split(","))
     logf = open(ROOT / "scratch" / f"{results}.log", "a") if (ROOT / "scratch").is_dir() else None
 
     def log(msg: str) -> None:
