@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="override the draft's layers, width, heads, MLP width")
     ap.add_argument("--divergences", default=None, help="comma-separated, e.g. tv,fkl")
     ap.add_argument("--distill-steps", type=int, default=None)
+    ap.add_argument("--render", action="store_true",
+                    help="only recompute the theory section and the Markdown from the JSON")
     args = ap.parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in
                                    ["benchmarks/text/train_pair.py", *sys.argv[1:]])
@@ -244,6 +246,12 @@ def main(argv: list[str] | None = None) -> dict:
     P = PRESETS[args.size]
     out = args.out or P["out"]
     results = args.results or P["results"]
+    res_dir = ROOT / "benchmarks" / "results"
+    if args.render:
+        report = with_theory(json.loads((res_dir / f"{results}.json").read_text()))
+        (res_dir / f"{results}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (res_dir / f"{results}.md").write_text(markdown(report))
+        return report
     tspec, dspec = P["target"], P["draft"]
     if args.draft:
         layers, dim, heads, mlp = (int(x) for x in args.draft.split(","))
@@ -397,11 +405,26 @@ def main(argv: list[str] | None = None) -> dict:
         "timing": {k: round(v, 1) for k, v in timing.items()},
         "curves": curves,
     }
-    res_dir = ROOT / "benchmarks" / "results"
+    report = with_theory(report)
     res_dir.mkdir(parents=True, exist_ok=True)
     (res_dir / f"{results}.json").write_text(json.dumps(report, indent=2) + "\n")
     (res_dir / f"{results}.md").write_text(markdown(report))
     log(f"wrote {res_dir / results}.json/.md")
+    return report
+
+
+def with_theory(report: dict) -> dict:
+    """Expected speedup (speculate.theory) at the measured alpha (target samples) and c."""
+    from speculate.theory import optimal_lookahead, speedup
+
+    a = report["alpha"]["after_distill"]["alpha_target_samples"]
+    c = report["latency_batch1"]["c"]
+    report["theory"] = {
+        "alpha": round(a, 4), "c": c,
+        "speedup_by_lookahead": {k: round(speedup(a, k, c), 3) for k in range(1, 9)},
+        "optimal_lookahead": optimal_lookahead(a, c),
+        "formula": "(1 - a^(k+1)) / ((1 - a)(k c + 1)), token-wise verification, i.i.d. a",
+    }
     return report
 
 
@@ -480,6 +503,20 @@ def markdown(r: dict) -> str:
         f"Wall time: {r['timing']}.",
         "",
     ]
+    if "theory" in r:
+        th = r["theory"]
+        ks = th["speedup_by_lookahead"]
+        rows += [
+            f"Theory at alpha = {th['alpha']} (target samples) and c = {th['c']}: expected "
+            f"speedup {th['formula']}:",
+            "",
+            "| k | " + " | ".join(str(k) for k in ks) + " |",
+            "|---|" + "---|" * len(ks),
+            "| speedup | " + " | ".join(f"{v:.3f}" for v in ks.values()) + " |",
+            "",
+            f"Optimal lookahead: k = {th['optimal_lookahead']}.",
+            "",
+        ]
     return "\n".join(rows)
 
 
