@@ -212,12 +212,18 @@ def divergence_loss(logits_t: torch.Tensor, logits_d: torch.Tensor, kind: str = 
     w = min(logits_t.shape[-1], logits_d.shape[-1])
     logp, logq, p, q = logp[..., :w], logq[..., :w], p[..., :w], q[..., :w]
     if kind == "fkl":
-        return (p * (logp - logq)).sum(-1)
+        return _kl(p, logp, logq)
     if kind == "rkl":
-        return (q * (logq - logp)).sum(-1)
+        return _kl(q, logq, logp)
     m = 0.5 * (p + q)
-    logm = m.clamp_min(1e-30).log()
-    return 0.5 * ((p * (logp - logm)).sum(-1) + (q * (logq - logm)).sum(-1))
+    logm = m.masked_fill(m == 0, 1.0).log()  # where m = 0 both p and q are 0: masked in _kl
+    return 0.5 * (_kl(p, logp, logm) + _kl(q, logq, logm))
+
+
+def _kl(a: torch.Tensor, loga: torch.Tensor, logb: torch.Tensor) -> torch.Tensor:
+    """sum_x a(x) (log a(x) - log b(x)) with 0 log 0 = 0 (ids a model masks to -inf)."""
+    diff = (loga - logb).masked_fill(a == 0, 0.0)  # no 0 * inf, no NaN in the gradient
+    return (a * diff).sum(-1)
 
 
 @torch.no_grad()

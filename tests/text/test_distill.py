@@ -281,3 +281,18 @@ def test_bad_arguments_are_refused():
 def test_docstring_examples_run():
     result = doctest.testmod(distill_module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_divergences_with_masked_logits_stay_finite():
+    """A target that masks ids (-inf logits) has p = 0 there: 0 log 0 = 0, no NaN in value or
+    gradient."""
+    lt = torch.tensor([[0.0, -math.inf, 1.0, -math.inf]])
+    for ld0, kinds in (([0.5, 0.2, -0.3, 0.1], ("tv", "fkl", "jsd")),  # target masks ids
+                       ([0.5, -math.inf, -0.3, 0.1], ("tv", "fkl", "jsd")),  # both mask id 1
+                       ([0.5, -math.inf, -0.3, -math.inf], DIVERGENCES)):  # same support
+        ld = torch.tensor([ld0], requires_grad=True)
+        for kind in kinds:
+            loss = divergence_loss(lt, ld, kind).sum()
+            loss.backward()
+            assert torch.isfinite(loss) and torch.isfinite(ld.grad).all(), (ld0, kind)
+            ld.grad = None
