@@ -14,10 +14,11 @@ for every method (EOS does not stop rows, so all methods do the same work):
 Methods are interleaved prompt by prompt and repeated; each repeat gives a time per method, and
 every speedup is a ratio of times measured in the same repeat (the median over repeats is
 reported, with its range). Theory: Leviathan et al.'s speedup ``(1 - a^(k+1)) / ((1 - a)(k c + 1))``
-at the measured acceptance ``a`` (token rule) and cost ratio ``c`` = time of one draft step / time of
-one plain target step (both measured in this run). ``r`` = time of one verification call (k+1
-tokens) / time of one plain step: the cost of scoring k+1 tokens at once, which the formula takes
-as 1; ``E / (k c + r)`` is the prediction with that cost included.
+at the measured acceptance ``a`` (token rule) and cost ratio ``c`` = time per token of the draft
+model decoding alone (``draft-alone``: ``draft.generate(do_sample=True)``) / time per token of
+``plain``, both measured the same way in the same interleaved runs. ``r`` = time of one of our
+verification calls (k+1 tokens per row) / time per token of ``plain``: the cost of scoring k+1
+tokens at once, which the formula takes as 1; ``E / (k c + r)`` is the prediction with it.
 
 Run: ``python benchmarks/text/bench_generate.py`` (embedded pair, CPU, about 10 minutes on a quiet
 core); ``--pair large`` for the larger pair; ``--device cuda --dtype bfloat16`` on a GPU.
@@ -99,11 +100,11 @@ def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch
         gens["early-exit"] = SpeculativeGenerator(target, f"early-exit:{early_exit}",
                                                   lookahead=k, verify="block")
 
-    def hf(extra):
+    def hf(extra, model=target):
         def run(rows, seed):
             ids, mask = batch(rows, pad, device)
             torch.manual_seed(seed)
-            out = target.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=n_new,
+            out = model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=n_new,
                                   min_new_tokens=n_new, pad_token_id=pad, **extra)
             return out.shape[0] * (out.shape[1] - ids.shape[1]), None
         return run
@@ -116,7 +117,7 @@ def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch
             return sum(len(t) for t in out.new_tokens), out.stats
         return run
 
-    methods = {"plain": hf({})}
+    methods = {"plain": hf({}), "draft-alone": hf({}, model=draft)}
     if batch_size == 1:
         methods["assisted"] = hf({"assistant_model": draft})
         methods["assisted-k"] = hf({"assistant_model": draft, "num_assistant_tokens": k,
@@ -142,15 +143,6 @@ def assisted_batch_error(target, draft, rows, pad, device) -> str:
     return "ran (no error)"
 
 
-def plain_step_time(model, rows, pad, device, n=64) -> float:
-    """Seconds per decoding step of ``model`` alone (greedy generate, n tokens, batch of rows)."""
-    ids, mask = batch(rows, pad, device)
-    t0 = time.perf_counter()
-    model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                   pad_token_id=pad)
-    return (time.perf_counter() - t0) / n
-
-
 def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
     k, n_new = args.lookahead, args.new_tokens
     methods = make_methods(target, draft, k, n_new, pad, args.device, batch_size,
@@ -160,7 +152,6 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
     times = {m: [] for m in names}
     tokens = {m: 0 for m in names}
     stats: dict[str, list] = {m: [] for m in names}
-    step = {"target": [], "draft": []}
     for rep in range(args.repeats):
         acc = dict.fromkeys(names, 0.0)
         for gi, rows in enumerate(groups):
@@ -175,12 +166,12 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
                     stats[m].append(st)
         for m in names:
             times[m].append(acc[m])
-        step["target"].append(plain_step_time(target, groups[0], pad, args.device))
-        step["draft"].append(plain_step_time(draft, groups[0], pad, args.device))
         print(f"  batch {batch_size} repeat {rep}: " + ", ".join(
             f"{m} {tokens[m] / acc[m]:.1f} tok/s" for m in names), flush=True)
     out: dict = {"batch": batch_size, "lookahead": k, "methods": {}}
-    c = statistics.median(step["draft"]) / statistics.median(step["target"])
+    plain_step = statistics.median(times["plain"]) / (tokens["plain"] / batch_size)
+    draft_step = statistics.median(times["draft-alone"]) / (tokens["draft-alone"] / batch_size)
+    c = statistics.median([times["draft-alone"][r] / times["plain"][r] for r in range(args.repeats)])
     alpha = _pooled(stats["ours-token"], "alpha")
     for m in names:
         sp = [times["plain"][r] / times[m][r] for r in range(args.repeats)]
@@ -202,16 +193,14 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
                  for x in s], axis=0).tolist()
             rec["theory_speedup"] = theory.speedup(alpha, k, c)
             rec["measured_over_theory"] = rec["speedup_vs_plain"] / rec["theory_speedup"]
-            r_k = rec["time_per_target_call_s"] / statistics.median(step["target"])
+            r_k = rec["time_per_target_call_s"] / plain_step
             rec["width_cost_r"] = r_k
             rec["prediction_with_width_cost"] = theory.expected_tokens(alpha, k) / (k * c + r_k)
         elif stats[m]:
             rec["acceptance_rate"] = _pooled(stats[m], "acceptance_rate")
             rec["tokens_per_call"] = _pooled(stats[m], "tokens_per_call")
         out["methods"][m] = rec
-    out.update(alpha_token=alpha, cost_ratio_c=c,
-               plain_step_s=statistics.median(step["target"]),
-               draft_step_s=statistics.median(step["draft"]),
+    out.update(alpha_token=alpha, cost_ratio_c=c, plain_step_s=plain_step, draft_step_s=draft_step,
                expected_tokens_per_call=theory.expected_tokens(alpha, k),
                theory_speedup=theory.speedup(alpha, k, c))
     return out
@@ -220,26 +209,25 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
 def sweep(target, draft, rows, args, pad) -> dict:
     """Batch 1, speedup over plain sampling for k = 1..K (token and block) against theory."""
     ks = list(range(1, args.sweep + 1))
-    names = ["plain"] + [f"{rule}-{k}" for k in ks for rule in ("token", "block")]
+    names = ["plain", "draft-alone"] + [f"{rule}-{k}" for k in ks for rule in ("token", "block")]
     gens = {f"{rule}-{k}": SpeculativeGenerator(target, draft, lookahead=k, verify=rule)
             for k in ks for rule in ("token", "block")}
-    plain = make_methods(target, draft, 1, args.new_tokens, pad, args.device, 2)["plain"]
+    base = make_methods(target, draft, 1, args.new_tokens, pad, args.device, 2)
     times = dict.fromkeys(names, 0.0)
     stats: dict[str, list] = {n: [] for n in names}
     for gi, row in enumerate(rows):
         order = names[gi % len(names):] + names[: gi % len(names)]
         for n in order:
             t0 = time.perf_counter()
-            if n == "plain":
-                plain([row], seed=gi)
+            if n in base:
+                base[n]([row], seed=gi)
             else:
                 ids, mask = batch([row], pad, args.device)
                 out = gens[n].generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens,
                                        eos_token_id=[], seed=gi)
                 stats[n].append(out.stats)
             times[n] += time.perf_counter() - t0
-    c = plain_step_time(draft, rows[:1], pad, args.device) / plain_step_time(
-        target, rows[:1], pad, args.device)
+    c = times["draft-alone"] / times["plain"]
     alpha = _pooled([s for k in ks for s in stats[f"token-{k}"]], "alpha")
     res = {"k": ks, "alpha_token": alpha, "cost_ratio_c": c,
            "theory": [theory.speedup(alpha, k, c) for k in ks]}
@@ -297,7 +285,7 @@ def markdown(res: dict, command: str) -> str:
     for s in res["settings"]:
         lines += [f"## Batch {s['batch']}, lookahead k = {s['lookahead']}", "",
                   f"Measured: alpha (token rule) = {s['alpha_token']:.3f}, c = draft step / plain "
-                  f"target step = {s['draft_step_s'] * 1e3:.2f} ms / {s['plain_step_s'] * 1e3:.2f} ms"
+                  f"decoding step = {s['draft_step_s'] * 1e3:.2f} ms / {s['plain_step_s'] * 1e3:.2f} ms"
                   f" = {s['cost_ratio_c']:.3f}; theory: E[tokens/call] = "
                   f"{s['expected_tokens_per_call']:.2f}, speedup = {s['theory_speedup']:.2f}.", "",
                   "| method | tokens/s | speedup vs plain | vs assisted | vs assisted-k | "
@@ -358,6 +346,17 @@ def goals(res: dict) -> list[str]:
     return out
 
 
+def _fingerprint(pair: str) -> dict:
+    """SHA-256 (first 16 hex digits) of the pair's weight files, to tie results to weights."""
+    import hashlib
+
+    from domains.text.pair import MODELS_DIR
+
+    base = MODELS_DIR if pair == "embedded" else (LARGE if pair == "large" else Path(pair))
+    return {sub: hashlib.sha256((base / sub / "model.safetensors").read_bytes()).hexdigest()[:16]
+            for sub in ("target", "draft")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pair", default="embedded", help="embedded, large, or a folder with target/ and draft/")
@@ -384,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     target, draft, tok = load(args.pair, args.device, dtype, args.train_missing)
     pad = tok.pad_token_id
     rows = prompts(tok, args.prompts, args.prompt_bytes, args.seed)
-    res = {"pair": args.pair, "device": args.device, "dtype": args.dtype, "threads": args.threads,
+    res = {"pair": args.pair, "pair_files_sha256": _fingerprint(args.pair), "device": args.device,
+           "dtype": args.dtype, "threads": args.threads,
            "machine": f"{platform.machine()} {platform.processor() or ''} "
                       f"(torch {torch.__version__})".strip(),
            "n_prompts": len(rows), "prompt_bytes": args.prompt_bytes,

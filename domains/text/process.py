@@ -101,10 +101,13 @@ class _RowLayer(DynamicLayer):
         return self.keys[:, :, : s.kv_len], self.values[:, :, : s.kv_len]
 
     def get_seq_length(self) -> int:
-        return self.slots.kv_len
+        # with a common start, transformers builds the causal mask itself from this query offset
+        s = self.slots
+        return s.uniform if s.uniform is not None else s.kv_len
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.slots.kv_len, 0
+        s = self.slots
+        return (s.uniform + query_length if s.uniform is not None else s.kv_len), 0
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("position-indexed caches roll back by length, not by crop")
@@ -206,7 +209,9 @@ class CachedModel:
         """Logits ``[R, W, V]`` of ``tokens`` ``[R, W]`` written at slots ``start[r] + j``.
 
         Token ``j`` of row ``r`` attends to slots ``0 .. start[r] + j`` of its row. With
-        ``last_only`` only the last column's logits are computed (``[R, 1, V]``).
+        ``last_only`` only the last column's logits are computed (``[R, 1, V]``). When every row
+        starts at the same slot (always at batch 1) the model builds its usual causal mask (none
+        for one token), otherwise it gets an explicit 4-D mask.
         """
         W = tokens.shape[1]
         dev = self.device
@@ -219,18 +224,19 @@ class CachedModel:
         offs = torch.arange(W, device=dev)
         start_t = torch.as_tensor(start, device=dev)
         pos = start_t[:, None] + offs[None, :]  # [R, W]
+        mask = None
         if bool((start == start[0]).all()):
             s.uniform, s.index = int(start[0]), None
         else:
             s.uniform, s.index = None, pos[:, None, :, None]  # [R, 1, W, 1]
-        keys = torch.arange(top, device=dev)
-        allowed = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, T]
-        if self.float_mask:
-            dtype = next(self.model.parameters()).dtype
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(
-                ~allowed, torch.finfo(dtype).min)
-        else:
-            mask = allowed
+            keys = torch.arange(top, device=dev)
+            allowed = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, T]
+            if self.float_mask:
+                dtype = next(self.model.parameters()).dtype
+                mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(
+                    ~allowed, torch.finfo(dtype).min)
+            else:
+                mask = allowed
         kw: dict[str, Any] = {}
         if last_only and self._has_logits_to_keep:
             kw["logits_to_keep"] = 1
@@ -272,13 +278,21 @@ def _probe(model: Any) -> str | None:
         first = torch.stack([seqs[0][:4], torch.cat([seqs[1][:2], seqs[1][:2]])])
         lm.forward(first, np.array([0, 0]))
         second = torch.stack([seqs[0][4:7], seqs[1][2:5]])
-        got = lm.forward(second, np.array([4, 2])).float().cpu()  # [2, 3, V]
+        got = [lm.forward(second, np.array([4, 2])).float().cpu()]  # [2, 3, V]
+        # one row: blocks of 1 and 2 tokens from a common start (the model's own causal mask)
+        one = CachedModel(model)
+        one.reset(batch=1, capacity=12)
+        one.forward(seqs[0][None, :4], np.array([0]))
+        a = one.forward(seqs[0][None, 4:5], np.array([4]))
+        b = one.forward(seqs[0][None, 5:7], np.array([5]))
+        got = [got[0][0], got[0][1], torch.cat([a, b], dim=1)[0].float().cpu()]
         want = [model(input_ids=s[None].to(dev)).logits[0, -3:].float().cpu() for s in seqs]
+        want.append(want[0])
     except Exception as e:  # an architecture that rejects position_ids or 4-D masks
         return f"{name} cannot run with speculate's position-indexed KV cache: {e!r}"
     dtype = next(model.parameters()).dtype
     tol = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
-    for r in range(2):
+    for r in range(3):
         scale = float(want[r].abs().max()) + 1.0
         err = float((got[r] - want[r]).abs().max())
         if not err <= tol * scale:
@@ -345,8 +359,9 @@ class TextProcess:
     max_new_tokens: int
     vocab: int
     prefill_time: float = 0.0
-    live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    _drafts: np.ndarray | None = None
+    live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows in the caches
+    _P: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # tokens fed before drafts
+    _fed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # drafts fed this round
 
     def start(self) -> None:
         """Fill both caches with every prompt token but the last (the last is scored first)."""
@@ -388,7 +403,6 @@ class TextProcess:
         self._grow(k)
         outcomes, q, lengths = self.draft.propose(
             self.live, self.tokens, k, self.cfg, rng, self.vocab)
-        self._drafts, self._lengths = outcomes, lengths
         dists = None if q is None else Categorical(probs=q, validate=False)  # None: point masses
         return Proposal(outcomes=outcomes, dists=dists, lengths=lengths)
 
@@ -413,7 +427,6 @@ class TextProcess:
         idx = torch.as_tensor(P[:, None] - 1 + np.arange(k + 1)[None, :],
                               device=logits.device)  # [R, k+1]
         sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, k+1, V]
-        sel = sel[..., : self.vocab]
         p = probabilities(sel, self.cfg).cpu().numpy()  # [R, k+1, V] float32
         self._P, self._fed = P, lengths
         return Categorical(probs=p, validate=False)

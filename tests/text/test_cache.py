@@ -82,3 +82,18 @@ def test_unsupported_attention_implementation(make_llama):
     m.config._attn_implementation = "flex_attention"
     with pytest.raises(ValueError, match="sdpa"):
         CachedModel(m)
+
+
+def test_common_start_uses_the_models_own_causal_mask(model):
+    """Rows starting at the same slot (batch 1, or equal lengths) get no explicit mask."""
+    rng = np.random.default_rng(1)
+    seqs = rng.integers(0, model_vocab_size(model), (2, 20))
+    lm = CachedModel(model)
+    lm.reset(batch=2, capacity=20)
+    at = 0
+    for w in (5, 1, 3, 1, 2, 4):
+        got = lm.forward(torch.from_numpy(seqs[:, at : at + w]), np.array([at, at]))
+        full = model(input_ids=torch.from_numpy(seqs[:, : at + w])).logits[:, at:]
+        torch.testing.assert_close(got, full, rtol=1e-6, atol=1e-6)
+        assert lm.slots.uniform == at
+        at += w

@@ -116,3 +116,22 @@ def test_output_law_is_the_targets(make_llama, case):
 @pytest.mark.parametrize("case", SLOW, ids=lambda c: "-".join(map(str, c[:7])))
 def test_output_law_is_the_targets_slow(make_llama, case):
     _run(make_llama, case, max_tv=SLOW_TV)
+
+
+@pytest.mark.slow
+def test_output_law_with_the_embedded_pair():
+    """The trained pair (byte vocabulary of 259, 12-layer target, distilled draft): the law of the
+    first two bytes after a Python prompt, top-k 8 (64 cells), 20000 rows."""
+    from domains.text.pair import DRAFT_DIR, load_pair
+
+    if not (DRAFT_DIR / "model.safetensors").is_file():
+        pytest.skip("the embedded pair is not trained yet")
+    target, draft, tok = load_pair()
+    prompt = tok.encode_bytes(b"import os\n\n\ndef read_lines(path):\n    with open(", add_bos=True)
+    cfg = SamplingConfig(temperature=1.0, top_k=8)
+    gen = SpeculativeGenerator(target, draft, lookahead=3, verify="block")
+    n = 20000
+    out = gen.generate([prompt] * n, max_new_tokens=2, top_k=8, seed=11, eos_token_id=[])
+    r = chi2_gof([tuple(t) for t in out.new_tokens], continuation_law(target, prompt, 2, cfg))
+    assert chi2_sample_size(0.06, r.df + 1, alpha=ALPHA, power=POWER) <= n
+    assert r.pvalue > ALPHA, r.detail
