@@ -109,17 +109,22 @@ def _normal(target, proposal, k, R, lengths, rng):
         raise ValueError(f"event shapes differ: target {target.event_shape}, draft {draft.event_shape}")
     ev = target.event_shape
     D = int(np.prod(ev, dtype=np.int64))
-    sp = np.broadcast_to(target.scale, target.loc.shape)
-    sq = np.broadcast_to(draft.scale, draft.loc.shape)
-    if not np.array_equal(sp[:, :k], sq):
-        return _general(target, proposal, "token", k, R, lengths, rng)
+    if target.scale.size == 1 and draft.scale.size == 1:  # one scale for everything: no O(size) work
+        if float(target.scale.flat[0]) != float(draft.scale.flat[0]):
+            return _general(target, proposal, "token", k, R, lengths, rng)
+        sp = target.scale.reshape(())
+    else:
+        sp = np.broadcast_to(target.scale, target.loc.shape)
+        if not np.array_equal(sp[:, :k], np.broadcast_to(draft.scale, draft.loc.shape)):
+            return _general(target, proposal, "token", k, R, lengths, rng)
+        sp = sp.reshape(R, k + 1, D)
     x = np.asarray(proposal.outcomes, dtype=np.float64)
     if x.shape != (R, k, *ev):
         raise ValueError(f"drafted outcomes must have shape {(R, k, *ev)}, got {x.shape}")
     n, nxt = verify_gaussian(
         target.loc.reshape(R, k + 1, D),
         draft.loc.reshape(R, k, D),
-        sp.reshape(R, k + 1, D),
+        sp,
         x.reshape(R, k, D),
         lengths,
         rng.random((R, k)),

@@ -144,12 +144,20 @@ class _FunctionProcess:
         self._stopped = stopped = {}
         step, stop = self.step, self.stop
         live = list(range(P))
-        for _ in range(k):
+        qbuf = xbuf = None  # fast path: every step a Categorical over all branches, filled in place
+        for i in range(k):
             if not live:
                 break
             d = self._draft_step([paths[p][-1] for p in live])
             xs = d.sample(rng) if not isinstance(d, list) else [di.sample(rng) for di in d]
             xl = xs.tolist() if isinstance(xs, np.ndarray) and xs.ndim == 1 else xs
+            if i == 0 and isinstance(d, Categorical) and len(live) == P:
+                qbuf, xbuf = np.empty((P, k, d.num_outcomes), d.dtype), np.empty((P, k), np.int64)
+            if qbuf is not None:
+                if isinstance(d, Categorical) and len(live) == P and d.probs.shape[-1] == qbuf.shape[2]:
+                    qbuf[:, i], xbuf[:, i] = d.probs, xs
+                else:
+                    qbuf = None
             still = []
             for p, x in zip(live, xl, strict=True):
                 path = paths[p]
@@ -167,10 +175,16 @@ class _FunctionProcess:
                 path.extend([path[-1]] * (k + 1 - len(path)))
         self._paths, self._m = paths, m
         shape = (R, k) if m == 1 else (R, m, k)
-        lengths = np.array(lengths, np.int64).reshape(R, m)
-        lengths = lengths[:, 0] if m == 1 else lengths
+        if stopped:
+            lengths = np.array(lengths, np.int64).reshape(R, m)
+            lengths = lengths[:, 0] if m == 1 else lengths
+        else:
+            lengths = None  # every branch drafted all k
         if k == 0:
             return Proposal(np.zeros(shape, np.int64), None, lengths)
+        if qbuf is not None and len(steps) == k:
+            q = Categorical(probs=qbuf.reshape(*shape, qbuf.shape[2]), validate=False)
+            return Proposal(xbuf.reshape(shape), q, lengths)
         kinds = {type(d) for _, d, _ in steps}
         if kinds == {Categorical} and len({d.num_outcomes for _, d, _ in steps}) == 1:
             V = steps[0][1].num_outcomes

@@ -140,12 +140,15 @@ class Categorical:
         self.probs = pr
 
     @property
-    def num_outcomes(self) -> int:
-        return int(self.probs.shape[-1])
+    def probs(self) -> np.ndarray:
+        """Probabilities [*batch_shape, num_outcomes]."""
+        return self._probs
 
-    @property
-    def batch_shape(self) -> tuple[int, ...]:
-        return tuple(self.probs.shape[:-1])
+    @probs.setter
+    def probs(self, value: np.ndarray) -> None:
+        self._probs = value
+        self.batch_shape: tuple[int, ...] = value.shape[:-1]
+        self.num_outcomes: int = value.shape[-1]
 
     @property
     def dtype(self) -> np.dtype:
@@ -169,11 +172,14 @@ class Categorical:
 
     def sample(self, rng: np.random.Generator) -> Any:
         """One outcome per batch element (a Python int when unbatched)."""
-        flat = self.probs.reshape(-1, self.num_outcomes)
+        pr = self.probs
+        flat = pr if pr.ndim == 2 else pr.reshape(-1, pr.shape[-1])
         idx, status = draw_rows(flat, rng.random(flat.shape[0]))
         if status:
             raise ValueError("Categorical has a row with NaN or no positive mass")
-        return int(idx[0]) if not self.batch_shape else idx.reshape(self.batch_shape)
+        if pr.ndim == 2:
+            return idx
+        return int(idx[0]) if pr.ndim == 1 else idx.reshape(pr.shape[:-1])
 
     def log_prob(self, y: Any) -> Any:
         y = np.asarray(y)

@@ -97,15 +97,27 @@ class Stats:
         self.target_calls += 1
         self.draft_calls += k
         self.row_rounds += len(n_accepted)
-        self.proposed += int(lengths.sum())
-        self.accepted += int(n_accepted.sum())
-        self.rejections += int(np.sum(n_accepted < lengths))
-        if len(self.accepted_per_position) < k + 1:
-            grown = np.zeros(k + 1, np.int64)
-            grown[: len(self.accepted_per_position)] = self.accepted_per_position
-            self.accepted_per_position = grown
-        self.accepted_per_position[: k + 1] += np.bincount(n_accepted, minlength=k + 1)[: k + 1]
+        if len(n_accepted) == 1:  # one chain: plain Python is faster than four numpy reductions
+            a, L = int(n_accepted[0]), int(lengths[0])
+            self.proposed += L
+            self.accepted += a
+            self.rejections += a < L
+            if len(self.accepted_per_position) <= a:
+                self._grow(k)
+            self.accepted_per_position[a] += 1
+        else:
+            self.proposed += int(lengths.sum())
+            self.accepted += int(n_accepted.sum())
+            self.rejections += int(np.count_nonzero(n_accepted < lengths))
+            if len(self.accepted_per_position) < k + 1:
+                self._grow(k)
+            self.accepted_per_position[: k + 1] += np.bincount(n_accepted, minlength=k + 1)[: k + 1]
         self.lookahead_counts[k] = self.lookahead_counts.get(k, 0) + 1
+
+    def _grow(self, k: int) -> None:
+        grown = np.zeros(k + 1, np.int64)
+        grown[: len(self.accepted_per_position)] = self.accepted_per_position
+        self.accepted_per_position = grown
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k != "accepted_per_position"}
@@ -175,16 +187,19 @@ def _per_row(n: Any, n_rows: int) -> np.ndarray:
 
 
 def _emitted(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int, want: np.ndarray) -> list:
+    """Per row: its kept drafts followed by the verifier's outcome, cut to the outcomes still wanted."""
+    R = len(n)
+    if isinstance(outcomes, np.ndarray) and isinstance(nxt, np.ndarray):  # vectorised: one array, R views
+        rows = outcomes if m == 1 else outcomes[np.arange(R), branch]  # [R, k, *event]
+        k = rows.shape[1]
+        E = np.empty((R, k + 1, *rows.shape[2:]), np.result_type(rows.dtype, nxt.dtype))
+        E[:, :k] = rows
+        E[np.arange(R), n] = nxt  # the next outcome sits right after the kept drafts
+        return [E[r, :c] for r, c in enumerate(np.minimum(n + 1, want).tolist())]
     out = []
-    for r in range(len(n)):
+    for r in range(R):
         row = outcomes[r] if m == 1 else outcomes[r][branch[r]]
-        kept = row[: n[r]]
-        if isinstance(kept, np.ndarray):
-            nx = np.asarray(nxt[r], dtype=kept.dtype)[None]
-            e = np.concatenate([kept, nx.reshape(1, *kept.shape[1:])])
-        else:
-            e = [*list(kept), nxt[r]]
-        out.append(e[: want[r]])
+        out.append([*list(row[: n[r]]), nxt[r]][: want[r]])
     return out
 
 
@@ -232,19 +247,21 @@ def run(
         n_used, done = process.commit(rows, emitted, n_acc, branch)
         t4 = time.perf_counter()
         n_used = np.asarray(n_used, dtype=np.int64)
-        if n_used.shape != (R,) or np.any(n_used < 0):
+        if n_used.shape != (R,) or n_used.min() < 0:
             raise ValueError(f"process.commit must return n_used of shape ({R},), got {n_used!r}")
         lengths = np.full(R, k, np.int64) if proposal.lengths is None else np.asarray(proposal.lengths)
         if lengths.ndim == 2:  # multi-draft: the surviving branch's length
             lengths = lengths[np.arange(R), branch]
-        for i, r in enumerate(rows):
-            used = emitted[i][: n_used[i]]
-            if samples is not None:
+        taken = [len(e[:u]) for e, u in zip(emitted, n_used.tolist(), strict=True)]
+        if samples is not None:
+            for e, u, r in zip(emitted, taken, rows.tolist(), strict=True):
+                used = e[:u]
                 samples[r].extend(used.tolist() if isinstance(used, np.ndarray) and used.ndim == 1 else list(used))
-            remaining[r] -= len(used)
-        active[rows] = (remaining[rows] > 0) & ~np.asarray(done, dtype=bool)
+        left = remaining[rows] - np.array(taken, np.int64)
+        remaining[rows] = left
+        active[rows] = (left > 0) & ~np.asarray(done, dtype=bool)
         stats.add_round(k, n_acc, lengths)
-        stats.emitted += int(sum(min(len(e), u) for e, u in zip(emitted, n_used, strict=False)))
+        stats.emitted += sum(taken)
         stats.draft_time += t1 - t0
         stats.target_time += t2 - t1
         stats.verify_time += t3 - t2

@@ -40,7 +40,7 @@ def test_categorical_rejects_bad_input(kwargs, match):
 
 
 def test_categorical_rejects_non_numeric():
-    with pytest.raises(TypeError, match="numeric"):
+    with pytest.raises(TypeError, match="real numbers"):
         sp.Categorical(probs=["a", "b"])
 
 

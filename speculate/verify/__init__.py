@@ -71,11 +71,12 @@ def _uniforms(x: Any, name: str, shape: tuple[int, ...], check: bool = True) -> 
     return a
 
 
-def _lengths(lengths: Any, shape: tuple[int, ...], K: int) -> np.ndarray:
+def _lengths(lengths: Any, shape: tuple[int, ...], K: int, check: bool = True) -> np.ndarray:
+    """Per-row draft counts; the Numba kernels check 0 <= lengths <= K themselves (check=False)."""
     if lengths is None:
         return np.full(shape, K, np.int64)
     a = _ints(lengths, "lengths", shape)
-    if a.size and (a.min() < 0 or a.max() > K):
+    if check and a.size and (a.min() < 0 or a.max() > K):
         raise ValueError(f"lengths must lie in 0..{K} (the number of drafts per row), got {a}")
     return a
 
@@ -93,7 +94,7 @@ def _parallel(parallel: bool | None, work: int) -> bool:
     return work >= _PARALLEL_MIN_WORK if parallel is None else bool(parallel)
 
 
-def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=True):
+def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=True, check_lengths=True):
     p = _probs(p, "p (target probabilities [B, K+1, V])", 3)
     q = _probs(q, "q (draft probabilities [B, K, V])", 3)
     B, K1, V = p.shape
@@ -104,7 +105,7 @@ def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=T
         )
     K = K1 - 1
     drafts = _ints(drafts, "drafts", (B, K))
-    lengths = _lengths(lengths, (B,), K)
+    lengths = _lengths(lengths, (B,), K, check_lengths)
     u_accept = _uniforms(u_accept, "u_accept", (B, K), check_uniforms)
     u_next = _uniforms(u_next, "u_next", (B,), check_uniforms)
     return p, q, drafts, lengths, u_accept, u_next
@@ -113,7 +114,7 @@ def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=T
 def _categorical_rule(module, reference: bool):
     def run(p, q, drafts, lengths, u_accept, u_next, *, parallel=None, check_uniforms=True):
         p, q, drafts, lengths, u_accept, u_next = _check_categorical(
-            p, q, drafts, lengths, u_accept, u_next, check_uniforms
+            p, q, drafts, lengths, u_accept, u_next, check_uniforms, reference
         )
         tiny = tiny_for(p.dtype)
         if reference:
@@ -204,9 +205,13 @@ def _check_gaussian(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next):
     loc_q = _probs(loc_q, "loc_q [B, K, D]", 3).astype(np.float64, copy=False)
     if loc_q.shape != (B, K, D):
         raise ValueError(f"loc_q must have shape {(B, K, D)} to match loc_p {loc_p.shape}")
-    scale = np.ascontiguousarray(np.broadcast_to(np.asarray(scale, np.float64), (B, K1, D)))
-    if not np.all(np.isfinite(scale) & (scale > 0)):
+    scale = np.asarray(scale, np.float64)
+    if not np.all(np.isfinite(scale) & (scale > 0)):  # checked before broadcasting: O(its own size)
         raise ValueError("scale must be finite and > 0")
+    try:
+        scale = np.broadcast_to(scale, (B, K1, D))  # a view: a scalar scale costs nothing per element
+    except ValueError:
+        raise ValueError(f"scale of shape {scale.shape} does not broadcast to {(B, K1, D)}") from None
     drafts = _probs(drafts, "drafts [B, K, D]", 3).astype(np.float64, copy=False)
     if drafts.shape != (B, K, D):
         raise ValueError(f"drafts must have shape {(B, K, D)}, got {drafts.shape}")

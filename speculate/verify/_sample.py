@@ -17,8 +17,9 @@ import numba as nb
 import numpy as np
 
 # status codes returned by the kernels (0 = ok)
-OK, BAD_INDEX, Q_ZERO, NOT_FINITE, EMPTY = 0, 1, 2, 3, 4
+OK, BAD_INDEX, Q_ZERO, NOT_FINITE, EMPTY, BAD_LENGTH = 0, 1, 2, 3, 4, 5
 MESSAGES = {
+    BAD_LENGTH: "lengths must lie in 0..K (the number of drafts per row)",
     BAD_INDEX: "drafted outcome is outside 0..V-1",
     Q_ZERO: "drafted outcome has draft probability q = 0 (it cannot have been drawn from q)",
     NOT_FINITE: "probabilities contain NaN or inf",
@@ -224,6 +225,12 @@ def draw_residual_np(p_row, q_row, scale: float, u: float, tiny: float) -> tuple
     return search_np(w, bs, u * total), OK
 
 
+_TINY = {
+    np.dtype(np.float32): 4.0 * float(np.finfo(np.float32).eps),
+    np.dtype(np.float64): 4.0 * float(np.finfo(np.float64).eps),
+}
+
+
 def tiny_for(dtype: np.dtype) -> float:
     """Residual mass below which p and q are equal up to rounding (then draw from p)."""
-    return 4.0 * float(np.finfo(dtype).eps)
+    return _TINY[np.dtype(dtype)]

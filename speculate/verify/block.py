@@ -19,6 +19,7 @@ import numpy as np
 
 from ._sample import (
     BAD_INDEX,
+    BAD_LENGTH,
     NOT_FINITE,
     OK,
     Q_ZERO,
@@ -36,6 +37,9 @@ from ._sample import (
 def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, status, where):
     V = p.shape[2]
     L = lengths[b]
+    if L < 0 or L > drafts.shape[1]:
+        status[b], where[b] = BAD_LENGTH, 0
+        return
     P = np.empty(L + 1, np.float64)
     P[0] = 1.0
     last_pos = 0  # the last i with P_i > 0 (P is non-increasing to 0 once it hits 0)

@@ -18,13 +18,16 @@ import math
 import numba as nb
 import numpy as np
 
-from ._sample import NOT_FINITE, OK
+from ._sample import BAD_LENGTH, NOT_FINITE, OK
 
 
 @nb.njit(nogil=True, cache=True)
 def _row(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next, b, n_out, next_out, status, where):
     D = loc_p.shape[2]
     L = lengths[b]
+    if L < 0 or L > drafts.shape[1]:
+        status[b], where[b] = BAD_LENGTH, 0
+        return
     for i in range(L):
         dot, d2 = 0.0, 0.0
         for j in range(D):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._sample import BAD_INDEX, EMPTY, NOT_FINITE, OK
+from ._sample import BAD_INDEX, BAD_LENGTH, EMPTY, NOT_FINITE, OK
 
 
 @nb.njit(nogil=True, cache=True)
@@ -31,6 +31,9 @@ def _argmax(row):
 def _row(p, drafts, lengths, b, n_out, next_out, status, where):
     V = p.shape[2]
     L = lengths[b]
+    if L < 0 or L > drafts.shape[1]:
+        status[b], where[b] = BAD_LENGTH, 0
+        return
     n = 0
     while n < L:
         x = drafts[b, n]

@@ -20,6 +20,7 @@ import numpy as np
 
 from ._sample import (
     BAD_INDEX,
+    BAD_LENGTH,
     NOT_FINITE,
     OK,
     Q_ZERO,
@@ -36,6 +37,10 @@ from ._sample import (
 @nb.njit(nogil=True, cache=True)
 def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, branch_out, status, where):
     m, V = p.shape[1], p.shape[3]
+    for j in range(m):
+        if lengths[b, j] < 0 or lengths[b, j] > drafts.shape[2]:
+            status[b], where[b] = BAD_LENGTH, 0
+            return
     alive = np.ones(m, np.bool_)
     w = np.empty(V, np.float64)
     bs = np.empty(n_blocks(V), np.float64)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ._sample import (
     BAD_INDEX,
+    BAD_LENGTH,
     NOT_FINITE,
     OK,
     Q_ZERO,
@@ -31,6 +32,9 @@ from ._sample import (
 def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, status, where):
     V = p.shape[2]
     L = lengths[b]
+    if L < 0 or L > drafts.shape[1]:
+        status[b], where[b] = BAD_LENGTH, 0
+        return
     n = 0
     while n < L:
         x = drafts[b, n]
