@@ -10,7 +10,18 @@ import numpy as np
 
 from ._single import verify_one
 from .distributions import Categorical, Normal, PointMass, as_distribution
-from .verify import verify_block, verify_gaussian, verify_greedy, verify_multi, verify_token
+from .verify import (
+    _PARALLEL_MIN_WORK,
+    _raise_on,
+    block,
+    token,
+    verify_block,
+    verify_gaussian,
+    verify_greedy,
+    verify_multi,
+    verify_token,
+)
+from .verify._sample import tiny_for
 
 RULES = ("token", "block", "greedy")
 
@@ -70,6 +81,21 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
     u_next = rng.random(R)
     if m == 1:
         u_accept = rng.random((R, k))
+        if p.dtype == q.dtype and p.flags.c_contiguous and q.flags.c_contiguous and outcomes.dtype == np.int64:
+            # everything is already in kernel form (shapes checked above): skip the wrapper's checks
+            mod = token if rule == "token" else block
+            n, nxt, status, where = mod.kernel(
+                p,
+                q,
+                np.ascontiguousarray(outcomes),
+                lengths,
+                u_accept,
+                u_next,
+                tiny_for(p.dtype),
+                p.size >= _PARALLEL_MIN_WORK,
+            )
+            _raise_on(status, where)
+            return n, nxt, np.zeros(R, np.int64)
         fn = verify_token if rule == "token" else verify_block
         n, nxt = fn(p, q, outcomes, lengths, u_accept, u_next, check_uniforms=False)  # fresh from rng
         return n, nxt, np.zeros(R, np.int64)

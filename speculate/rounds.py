@@ -232,9 +232,9 @@ def run(
     control = _Lookahead(lookahead, max_lookahead, cost_ratio)
     stats = Stats()
     samples: list[list] | None = [[] for _ in range(n_rows)] if keep_samples else None
-    active = remaining > 0
-    while active.any():
-        rows = np.flatnonzero(active)
+    rows = np.flatnonzero(remaining > 0)
+    left = remaining[rows]
+    while rows.size:
         R, k = len(rows), control.k
         t0 = time.perf_counter()
         proposal = process.propose(rows, k, drafts, rng)
@@ -243,7 +243,7 @@ def run(
         t2 = time.perf_counter()
         n_acc, nxt, branch = verify_round(target, proposal, verify, drafts, k, R, rng)
         t3 = time.perf_counter()
-        emitted = _emitted(proposal.outcomes, n_acc, nxt, branch, drafts, remaining[rows])
+        emitted = _emitted(proposal.outcomes, n_acc, nxt, branch, drafts, left)
         n_used, done = process.commit(rows, emitted, n_acc, branch)
         t4 = time.perf_counter()
         n_used = np.asarray(n_used, dtype=np.int64)
@@ -257,9 +257,11 @@ def run(
             for e, u, r in zip(emitted, taken, rows.tolist(), strict=True):
                 used = e[:u]
                 samples[r].extend(used.tolist() if isinstance(used, np.ndarray) and used.ndim == 1 else list(used))
-        left = remaining[rows] - np.array(taken, np.int64)
-        remaining[rows] = left
-        active[rows] = (left > 0) & ~np.asarray(done, dtype=bool)
+        left = left - np.array(taken, np.int64)
+        keep = (left > 0) & ~np.asarray(done, dtype=bool)
+        if not keep.all():  # finished rows drop out; the others go on
+            remaining[rows] = left
+            rows, left = rows[keep], left[keep]
         stats.add_round(k, n_acc, lengths)
         stats.emitted += sum(taken)
         stats.draft_time += t1 - t0
