@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--size", choices=sorted(PRESETS), default="small")
     ap.add_argument("--out", type=Path, default=None, help="folder for target/ and draft/")
     ap.add_argument("--results", default=None, help="results basename in benchmarks/results")
+    ap.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reuse-target", action="store_true",
@@ -233,9 +234,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--distill-steps", type=int, default=None)
     ap.add_argument("--render", action="store_true",
                     help="only recompute the theory section and the Markdown from the JSON")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in
-                                   ["benchmarks/text/train_pair.py", *sys.argv[1:]])
+                                   ["benchmarks/text/train_pair.py", *argv])
 
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
     P = PRESETS[args.size]
     out = args.out or P["out"]
     results = args.results or P["results"]
-    res_dir = ROOT / "benchmarks" / "results"
+    res_dir = args.results_dir
     if args.render:
         report = with_theory(json.loads((res_dir / f"{results}.json").read_text()))
         (res_dir / f"{results}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -266,7 +268,8 @@ def main(argv: list[str] | None = None) -> dict:
         (args.distill_steps or ds.steps) * args.scale))})
     if args.divergences:
         ds.divergences = tuple(args.divergences.split(","))
-    logf = open(ROOT / "scratch" / f"{results}.log", "a") if (ROOT / "scratch").is_dir() else None
+    keep_log = (ROOT / "scratch").is_dir() and args.results_dir == ROOT / "benchmarks" / "results"
+    logf = open(ROOT / "scratch" / f"{results}.log", "a") if keep_log else None
 
     def log(msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {msg}"
@@ -291,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.reuse_target:
         target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
         log(f"target: reused from {out / 'target'}")
-        prev = ROOT / "benchmarks" / "results" / f"{results}.json"
+        prev = res_dir / f"{results}.json"
         prior = json.loads(prev.read_text()) if prev.is_file() else {}
         for key in ("target_train_s", "target_train_cpu_s"):
             timing[key] = prior.get("timing", {}).get(key, float("nan"))

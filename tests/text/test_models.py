@@ -183,3 +183,28 @@ def test_load_pair_dtype_and_missing_folder(pair, tmp_path):
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.slow
+def test_training_script_end_to_end(tmp_path):
+    """The recipe script, scaled down to a few steps of each stage, writes a loadable pair and
+    a complete record (catches a script that no longer runs; about a minute)."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(TARGET_DIR.parents[3]))
+    from benchmarks.text.train_pair import main
+
+    report = main(["--size", "small", "--scale", "0.005", "--eval-windows", "8",
+                   "--out", str(tmp_path / "pair"), "--results", "smoke",
+                   "--results-dir", str(tmp_path)])
+    target, draft, tok = load_pair(path=tmp_path / "pair")
+    assert len(tok) == VOCAB_SIZE
+    assert target.config.num_hidden_layers == 12 and draft.config.num_hidden_layers == 1
+    saved = json.loads((tmp_path / "smoke.json").read_text())
+    assert saved["command"].endswith("--results-dir " + str(tmp_path))
+    for key in ("target", "draft", "distill", "heldout_loss", "alpha", "latency_batch1",
+                "theory", "corpus"):
+        assert key in saved and key in report
+    assert 0.0 < saved["alpha"]["after_distill"]["alpha_target_samples"] <= 1.0
+    assert (tmp_path / "smoke.md").read_text().startswith("# Text model pair (small)")
