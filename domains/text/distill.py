@@ -74,59 +74,35 @@ def logits_width(model: torch.nn.Module) -> int:
 
 def check_vocab(target: torch.nn.Module, draft: torch.nn.Module, tokenizer=None,
                 draft_tokenizer=None) -> int:
-    """Check that target and draft speak the same vocabulary; return the shared width.
+    """Check that target and draft share a vocabulary; return the number of shared ids.
 
-    Accepted: equal logit widths, or widths that differ by padding (one vocabulary a prefix of
-    the other), which needs a tokenizer to prove that the ids the models share mean the same.
-    Refused with ``ValueError``: two tokenizers that map some id to different tokens; a
-    tokenizer with ids that one of the models has no logit for; different widths with no
-    tokenizer; different BOS/EOS ids in the two configs.
+    The rule is the library's one rule, ``domains.text.generator.check_vocabularies`` (the
+    same pairs are accepted by ``distill`` and by ``SpeculativeGenerator``): equal logit widths,
+    or widths differing by padding; different tokenizers and different BOS/EOS ids are refused
+    with ``ValueError``. Distillation adds one requirement: every id of the tokenizer must be
+    a logit of both models (the texts are fed to both).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> small = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
     ...              num_attention_heads=2, num_key_value_heads=2)
     >>> a = LlamaForCausalLM(LlamaConfig(vocab_size=259, **small))
-    >>> b = LlamaForCausalLM(LlamaConfig(vocab_size=100, **small))
-    >>> check_vocab(a, a)
+    >>> check_vocab(a, LlamaForCausalLM(LlamaConfig(vocab_size=264, **small)))  # padding
     259
-    >>> check_vocab(a, b)  # doctest: +ELLIPSIS
+    >>> check_vocab(a, LlamaForCausalLM(LlamaConfig(vocab_size=1000, **small)))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: target has 259 logits but draft has 100; pass tokenizer= so that the shared ...
+    ValueError: draft vocabulary (1000 ids) and target vocabulary (259 ids) differ by more ...
     """
+    from domains.text.generator import check_vocabularies
+
+    check_vocabularies(target, draft, tokenizer, draft_tokenizer)
     vt, vd = logits_width(target), logits_width(draft)
-    for name in ("bos_token_id", "eos_token_id"):
-        a = getattr(target.config, name, None)
-        b = getattr(draft.config, name, None)
-        if a is not None and b is not None and a != b:
-            raise ValueError(f"target and draft configs disagree on {name}: {a} vs {b} "
-                             "(different vocabularies)")
-    if tokenizer is not None and draft_tokenizer is not None:
-        _check_same_tokenizer(tokenizer, draft_tokenizer)
-    tok = tokenizer if tokenizer is not None else draft_tokenizer
-    if tok is not None:
-        n = len(tok)
-        if n > min(vt, vd):
+    for tok in (tokenizer, draft_tokenizer):
+        if tok is not None and len(tok) > min(vt, vd):
             who = "target" if vt < vd else "draft"
-            raise ValueError(f"the tokenizer has {n} ids but the {who} has only {min(vt, vd)} "
-                             "logits: it was trained with a different vocabulary")
-    elif vt != vd:
-        raise ValueError(f"target has {vt} logits but draft has {vd}; pass tokenizer= so that the"
-                         " shared ids can be checked (a padded prefix vocabulary is accepted, "
-                         "different vocabularies are not)")
+            raise ValueError(f"the tokenizer has {len(tok)} ids but the {who} has only "
+                             f"{min(vt, vd)} logits: it was trained with a different vocabulary")
     return min(vt, vd)
-
-
-def _check_same_tokenizer(a, b) -> None:
-    va, vb = a.get_vocab(), b.get_vocab()
-    if va == vb:
-        return
-    ia = {i: t for t, i in va.items()}
-    ib = {i: t for t, i in vb.items()}
-    for i in sorted(set(ia) | set(ib)):
-        if ia.get(i) != ib.get(i):
-            raise ValueError(f"target and draft tokenizers differ: id {i} is {ia.get(i)!r} vs "
-                             f"{ib.get(i)!r}; speculative decoding needs one vocabulary")
 
 
 # --------------------------------------------------------------------------------------------
