@@ -130,8 +130,11 @@ def test_output_law_with_the_embedded_pair():
     prompt = tok.encode_bytes(b"import os\n\n\ndef read_lines(path):\n    with open(", add_bos=True)
     cfg = SamplingConfig(temperature=1.0, top_k=8)
     gen = SpeculativeGenerator(target, draft, lookahead=3, verify="block")
-    n = 20000
-    out = gen.generate([prompt] * n, max_new_tokens=2, top_k=8, seed=11, eos_token_id=[])
-    r = chi2_gof([tuple(t) for t in out.new_tokens], continuation_law(target, prompt, 2, cfg))
+    n, chunk = 20000, 2500  # chunks keep the caches small (12 layers x 2500 rows)
+    samples = []
+    for seed in range(n // chunk):
+        out = gen.generate([prompt] * chunk, max_new_tokens=2, top_k=8, seed=seed, eos_token_id=[])
+        samples += [tuple(t) for t in out.new_tokens]
+    r = chi2_gof(samples, continuation_law(target, prompt, 2, cfg))
     assert chi2_sample_size(0.06, r.df + 1, alpha=ALPHA, power=POWER) <= n
     assert r.pvalue > ALPHA, r.detail
