@@ -71,6 +71,9 @@ class ModelDraft:
         """Token ids with those outside the draft's vocabulary replaced by ``self.unknown``."""
         return np.where(block < self.vocab, block, self.unknown)
 
+    def release(self) -> None:
+        self.lm.release()
+
     def select(self, keep: np.ndarray) -> None:
         self.lm.select(keep)
         self._P, self._fed = self._P[keep] if len(self._P) else self._P, (
@@ -173,6 +176,9 @@ class NgramDraft:
         self.max_n, self.min_n = max_n, min_n
 
     def reset(self, tokens: TokenBuffer, capacity: int) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
     def select(self, keep: np.ndarray) -> None:

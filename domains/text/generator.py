@@ -237,10 +237,13 @@ class SpeculativeGenerator:
                               eos=eos, max_new_tokens=int(max_new_tokens), vocab=self.vocab)
         stats, prefill = Stats(), 0.0
         if max_new_tokens > 0:
-            process.start()
-            prefill = process.prefill_time
-            result = run(process, len(prompts), int(max_new_tokens), lookahead=self.lookahead,
-                         verify=verify, rng=seed, max_lookahead=self.max_lookahead)
+            try:
+                process.start()
+                prefill = process.prefill_time
+                result = run(process, len(prompts), int(max_new_tokens), lookahead=self.lookahead,
+                             verify=verify, rng=seed, max_lookahead=self.max_lookahead)
+            finally:
+                process.release()
             stats = result.stats
         seqs = [tokens.ids[r, : tokens.n[r]].tolist() for r in range(len(prompts))]
         return GenerationOutput(sequences=seqs, prompt_lengths=[len(p) for p in prompts],

@@ -191,6 +191,12 @@ class CachedModel:
         self.cache = Cache(layers=[_RowLayer(self.slots) for _ in range(self.n_layers)])
         self.length = np.zeros(batch, np.int64)
 
+    def release(self) -> None:
+        """Free the cache buffers (the next :meth:`reset` allocates new ones)."""
+        self.cache = None
+        self.slots = _Slots(0)
+        self.length = np.zeros(0, np.int64)
+
     def ensure_capacity(self, capacity: int) -> None:
         """Grow the buffers (lazily, at the next forward) to hold ``capacity`` tokens per row."""
         self.slots.capacity = max(self.slots.capacity, capacity)
@@ -339,6 +345,8 @@ class Draft(Protocol):
 
     def select(self, keep: np.ndarray) -> None: ...
 
+    def release(self) -> None: ...
+
     def propose(
         self, rows: np.ndarray, tokens: TokenBuffer, k: int, cfg: SamplingConfig,
         rng: np.random.Generator, vocab: int,
@@ -377,6 +385,11 @@ class TextProcess:
             self.target.length[:] = self.tokens.n - 1
         self.draft.reset(self.tokens, capacity)
         self.prefill_time = time.perf_counter() - t0
+
+    def release(self) -> None:
+        """Free both models' caches once generation is over."""
+        self.target.release()
+        self.draft.release()
 
     def _select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
