@@ -189,6 +189,15 @@ def _per_row(n: Any, n_rows: int) -> np.ndarray:
 def _emitted(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int, want: np.ndarray) -> list:
     """Per row: its kept drafts followed by the verifier's outcome, cut to the outcomes still wanted."""
     R = len(n)
+    if R <= 4 and m == 1 and isinstance(outcomes, np.ndarray) and isinstance(nxt, np.ndarray):
+        out = []  # a few rows: per-row arrays are cheaper than the padded array below
+        for r, (nr, c) in enumerate(zip(n.tolist(), want.tolist(), strict=True)):
+            e = np.empty((min(nr + 1, c), *outcomes.shape[2:]), np.result_type(outcomes.dtype, nxt.dtype))
+            e[: min(nr, c)] = outcomes[r, : min(nr, c)]
+            if c > nr:
+                e[nr] = nxt[r]
+            out.append(e)
+        return out
     if isinstance(outcomes, np.ndarray) and isinstance(nxt, np.ndarray):  # vectorised: one array, R views
         rows = outcomes if m == 1 else outcomes[np.arange(R), branch]  # [R, k, *event]
         k = rows.shape[1]
