@@ -173,6 +173,11 @@ def check_probs(probs, tol):  # probs [N, V] -> (status, row, col, sums [N]); 1 
     return 0, -1, -1, sums
 
 
+def outputs(B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Fresh (n_accepted, next_outcome, status, where) arrays for B rows, as every kernel returns."""
+    return np.zeros(B, np.int64), np.full(B, -1, np.int64), np.zeros(B, np.int64), np.zeros(B, np.int64)
+
+
 # ----------------------------------------------------------------------------- NumPy twins
 def weights_np(a, b, sa: float, sb: float, mode: int) -> np.ndarray:
     x = np.asarray(a, np.float64) if mode == 0 else sa * np.asarray(a, np.float64) - sb * np.asarray(b, np.float64)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._sample import BAD_INDEX, BAD_LENGTH, EMPTY, NOT_FINITE, OK
+from ._sample import BAD_INDEX, BAD_LENGTH, EMPTY, NOT_FINITE, OK, outputs
 
 
 @nb.njit(nogil=True, cache=True)
@@ -67,10 +67,7 @@ def _batch_serial(p, drafts, lengths, n_out, next_out, status, where):
 def reference(p, drafts, lengths):
     """Plain NumPy twin of the kernel: returns (n_accepted, next_outcome, status, where)."""
     B, V = p.shape[0], p.shape[2]
-    n_out = np.zeros(B, np.int64)
-    next_out = np.full(B, -1, np.int64)
-    status = np.zeros(B, np.int64)
-    where = np.zeros(B, np.int64)
+    n_out, next_out, status, where = outputs(B)
     for b in range(B):
         L, n = int(lengths[b]), 0
         while True:
@@ -91,10 +88,7 @@ def reference(p, drafts, lengths):
 
 def kernel(p, drafts, lengths, parallel):
     B = p.shape[0]
-    n_out = np.zeros(B, np.int64)
-    next_out = np.full(B, -1, np.int64)
-    status = np.zeros(B, np.int64)
-    where = np.zeros(B, np.int64)
+    n_out, next_out, status, where = outputs(B)
     fn = _batch_parallel if parallel else _batch_serial
     fn(p, drafts, lengths, n_out, next_out, status, where)
     return n_out, next_out, status, where

@@ -25,6 +25,7 @@ from ._sample import (
     draw_row,
     draw_row_np,
     n_blocks,
+    outputs,
 )
 
 
@@ -76,10 +77,7 @@ def _batch_serial(p, q, drafts, lengths, u_accept, u_next, tiny, n_out, next_out
 def reference(p, q, drafts, lengths, u_accept, u_next, tiny):
     """Plain NumPy twin of the kernel: returns (n_accepted, next_outcome, status, where)."""
     B, V = p.shape[0], p.shape[2]
-    n_out = np.zeros(B, np.int64)
-    next_out = np.full(B, -1, np.int64)
-    status = np.zeros(B, np.int64)
-    where = np.zeros(B, np.int64)
+    n_out, next_out, status, where = outputs(B)
     for b in range(B):
         L, n, bad = int(lengths[b]), 0, OK
         while n < L:
@@ -111,10 +109,7 @@ def reference(p, q, drafts, lengths, u_accept, u_next, tiny):
 
 def kernel(p, q, drafts, lengths, u_accept, u_next, tiny, parallel):
     B = p.shape[0]
-    n_out = np.zeros(B, np.int64)
-    next_out = np.full(B, -1, np.int64)
-    status = np.zeros(B, np.int64)
-    where = np.zeros(B, np.int64)
+    n_out, next_out, status, where = outputs(B)
     fn = _batch_parallel if parallel else _batch_serial
     fn(p, q, drafts, lengths, u_accept, u_next, tiny, n_out, next_out, status, where)
     return n_out, next_out, status, where
