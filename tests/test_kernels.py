@@ -126,7 +126,11 @@ def test_exact_uniform_bounds():
     )  # p(1) = 0 -> rejected; residual (p - q)+ lives on outcome 2 only
 
 
-@pytest.mark.parametrize("fn", [V.verify_token, V.verify_block])
+# the kernels and their NumPy twins must reject bad input with the same message
+_CHECKED = [V.verify_token, V.verify_block, V.verify_token_reference, V.verify_block_reference]
+
+
+@pytest.mark.parametrize("fn", _CHECKED)
 def test_draft_with_zero_draft_probability_is_an_error(fn):
     p = np.full((2, 2, 3), 1 / 3)
     q = np.array([[[0.5, 0.5, 0.0]], [[0.5, 0.5, 0.0]]])
@@ -134,14 +138,14 @@ def test_draft_with_zero_draft_probability_is_an_error(fn):
         fn(p, q, np.array([[0], [2]]), None, np.full((2, 1), 0.5), np.full(2, 0.5))
 
 
-@pytest.mark.parametrize("fn", [V.verify_token, V.verify_block])
+@pytest.mark.parametrize("fn", _CHECKED)
 def test_out_of_range_draft_is_an_error(fn):
     p, q = np.full((1, 2, 3), 1 / 3), np.full((1, 1, 3), 1 / 3)
     with pytest.raises(ValueError, match=r"outside 0\.\.V-1"):
         fn(p, q, np.array([[3]]), None, np.full((1, 1), 0.5), np.full(1, 0.5))
 
 
-@pytest.mark.parametrize("fn", [V.verify_token, V.verify_block])
+@pytest.mark.parametrize("fn", _CHECKED)
 def test_nan_probabilities_are_an_error(fn):
     # the kernels check every entry they read (full validation is Categorical(validate=True)'s job)
     p, q = np.full((1, 2, 3), 1 / 3), np.full((1, 1, 3), 1 / 3)

@@ -41,6 +41,23 @@ def _w(a, b, sa, sb, mode, j):
     return 0.0 if x <= 0.0 else x
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def draft_probs(p, q, drafts, b, i):
+    """(p_i(x_i), q_i(x_i), status) for row b's i-th draft x_i; status is OK or why they are unusable.
+
+    Shared by the token and block kernels and, through ``draft_probs.py_func``, their NumPy twins.
+    """
+    x = drafts[b, i]
+    if x < 0 or x >= p.shape[2]:
+        return 0.0, 0.0, BAD_INDEX
+    px, qx = np.float64(p[b, i, x]), np.float64(q[b, i, x])
+    if not (np.isfinite(qx) and np.isfinite(px)):
+        return 0.0, 0.0, NOT_FINITE
+    if qx <= 0.0:
+        return 0.0, 0.0, Q_ZERO
+    return px, qx, OK
+
+
 @nb.njit(**_JIT)
 def n_blocks(V):
     return (V + BLOCK - 1) // BLOCK

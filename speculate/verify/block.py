@@ -18,11 +18,10 @@ import numba as nb
 import numpy as np
 
 from ._sample import (
-    BAD_INDEX,
     BAD_LENGTH,
     NOT_FINITE,
     OK,
-    Q_ZERO,
+    draft_probs,
     draw_residual,
     draw_residual_np,
     draw_row,
@@ -45,17 +44,9 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, stat
     P[0] = 1.0
     last_pos = 0  # the last i with P_i > 0 (P is non-increasing to 0 once it hits 0)
     for i in range(1, L + 1):
-        x = drafts[b, i - 1]
-        if x < 0 or x >= V:
-            status[b], where[b] = BAD_INDEX, i - 1
-            return
-        qx = np.float64(q[b, i - 1, x])
-        px = np.float64(p[b, i - 1, x])
-        if not (np.isfinite(qx) and np.isfinite(px)):
-            status[b], where[b] = NOT_FINITE, i - 1
-            return
-        if qx <= 0.0:
-            status[b], where[b] = Q_ZERO, i - 1
+        px, qx, st = draft_probs(p, q, drafts, b, i - 1)
+        if st != OK:
+            status[b], where[b] = st, i - 1
             return
         P[i] = min(P[i - 1] * px / qx, 1.0)
         if P[i] > 0.0:
@@ -97,23 +88,16 @@ def _batch_serial(p, q, drafts, lengths, u_accept, u_next, tiny, n_out, next_out
 
 def reference(p, q, drafts, lengths, u_accept, u_next, tiny):
     """Plain NumPy twin of the kernel: returns (n_accepted, next_outcome, status, where)."""
-    B, V = p.shape[0], p.shape[2]
+    B = p.shape[0]
     n_out, next_out, status, where = outputs(B)
     for b in range(B):
         L = int(lengths[b])
         P = [1.0]
         bad, at = OK, 0
         for i in range(1, L + 1):
-            x = int(drafts[b, i - 1])
-            if not 0 <= x < V:
-                bad, at = BAD_INDEX, i - 1
-                break
-            qx, px = float(q[b, i - 1, x]), float(p[b, i - 1, x])
-            if not (np.isfinite(qx) and np.isfinite(px)):
-                bad, at = NOT_FINITE, i - 1
-                break
-            if qx <= 0.0:
-                bad, at = Q_ZERO, i - 1
+            px, qx, bad = draft_probs.py_func(p, q, drafts, b, i - 1)
+            if bad != OK:
+                at = i - 1
                 break
             P.append(min(P[i - 1] * px / qx, 1.0))
         if bad == OK:

@@ -15,11 +15,9 @@ import numba as nb
 import numpy as np
 
 from ._sample import (
-    BAD_INDEX,
     BAD_LENGTH,
-    NOT_FINITE,
     OK,
-    Q_ZERO,
+    draft_probs,
     draw_residual,
     draw_residual_np,
     draw_row,
@@ -38,17 +36,9 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, stat
         return
     n = 0
     while n < L:
-        x = drafts[b, n]
-        if x < 0 or x >= V:
-            status[b], where[b] = BAD_INDEX, n
-            return
-        qx = np.float64(q[b, n, x])
-        px = np.float64(p[b, n, x])
-        if not (np.isfinite(qx) and np.isfinite(px)):
-            status[b], where[b] = NOT_FINITE, n
-            return
-        if qx <= 0.0:
-            status[b], where[b] = Q_ZERO, n
+        px, qx, st = draft_probs(p, q, drafts, b, n)
+        if st != OK:
+            status[b], where[b] = st, n
             return
         if u_accept[b, n] * qx < px:
             n += 1
@@ -76,21 +66,13 @@ def _batch_serial(p, q, drafts, lengths, u_accept, u_next, tiny, n_out, next_out
 
 def reference(p, q, drafts, lengths, u_accept, u_next, tiny):
     """Plain NumPy twin of the kernel: returns (n_accepted, next_outcome, status, where)."""
-    B, V = p.shape[0], p.shape[2]
+    B = p.shape[0]
     n_out, next_out, status, where = outputs(B)
     for b in range(B):
         L, n, bad = int(lengths[b]), 0, OK
         while n < L:
-            x = int(drafts[b, n])
-            if not 0 <= x < V:
-                bad = BAD_INDEX
-                break
-            qx, px = float(q[b, n, x]), float(p[b, n, x])
-            if not (np.isfinite(qx) and np.isfinite(px)):
-                bad = NOT_FINITE
-                break
-            if qx <= 0.0:
-                bad = Q_ZERO
+            px, qx, bad = draft_probs.py_func(p, q, drafts, b, n)
+            if bad != OK:
                 break
             if u_accept[b, n] * qx < px:
                 n += 1
