@@ -10,6 +10,7 @@ Run:  .venv/bin/python benchmarks/bench_chain_overhead.py   (writes benchmarks/r
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -102,4 +103,5 @@ Command: `{res["command"]}`. Target 1 ms per call (any number of states), cheap 
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__).parse_args()  # no options: --help, and unknown ones fail
     main()

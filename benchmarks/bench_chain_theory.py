@@ -11,6 +11,7 @@ Run:  .venv/bin/python benchmarks/bench_chain_theory.py   (writes benchmarks/res
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -136,4 +137,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__).parse_args()  # no options: --help, and unknown ones fail
     main()

@@ -11,6 +11,7 @@ Run:  .venv/bin/python benchmarks/bench_kernels.py   (writes benchmarks/results/
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -144,4 +145,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__).parse_args()  # no options: --help, and unknown ones fail
     main()
