@@ -85,7 +85,7 @@ def _stack(dists: list, shape: tuple[int, ...]) -> Any:
     otherwise nested lists ``[rows][positions]`` (None when ``shape`` has branches)."""
     if dists and all(isinstance(d, Categorical) and not d.batch_shape for d in dists):
         if len({d.num_outcomes for d in dists}) == 1:
-            return Categorical(probs=np.stack([d.probs for d in dists]).reshape(*shape, -1), validate=False)
+            return Categorical._of(np.stack([d.probs for d in dists]).reshape(*shape, -1))
     if dists and all(isinstance(d, Normal) and not d.batch_shape for d in dists):
         if len({d.loc.shape for d in dists}) == 1:
             ev = dists[0].loc.shape
@@ -140,60 +140,63 @@ class _FunctionProcess:
         states = self.states
         paths = [[states[r]] for r in rows.tolist() for _ in range(m)]
         steps = []  # per draft step: (live pair indices or None for all, distributions, outcomes)
-        lengths = [0] * P
-        self._stopped = stopped = {}
+        self._stopped = stopped = {}  # pair -> index of the drafted outcome that stopped it
         step, stop = self.step, self.stop
-        live = list(range(P))
-        qbuf = xbuf = None  # fast path: every step a Categorical over all branches, filled in place
+        live: Any = range(P)
+        qbuf = xbuf = None  # while every step is a Categorical over all branches: filled in place
         for i in range(k):
             if not live:
                 break
             d = self._draft_step([paths[p][-1] for p in live])
-            xs = d.sample(rng) if not isinstance(d, list) else [di.sample(rng) for di in d]
+            xs = [di.sample(rng) for di in d] if isinstance(d, list) else d.sample(rng)
             xl = xs.tolist() if isinstance(xs, np.ndarray) and xs.ndim == 1 else xs
-            if i == 0 and isinstance(d, Categorical) and len(live) == P:
-                qbuf, xbuf = np.empty((P, k, d.num_outcomes), d.dtype), np.empty((P, k), np.int64)
-            if qbuf is not None:
-                if isinstance(d, Categorical) and len(live) == P and d.probs.shape[-1] == qbuf.shape[2]:
+            full = len(live) == P
+            if full and isinstance(d, Categorical):
+                if i == 0:
+                    qbuf, xbuf = np.empty((P, k, d.num_outcomes), d.dtype), np.empty((P, k), np.int64)
+                if qbuf is not None and d.num_outcomes == qbuf.shape[2]:
                     qbuf[:, i], xbuf[:, i] = d.probs, xs
                 else:
                     qbuf = None
+            else:
+                qbuf = None
+            steps.append((None if full else np.array(live), d, xs))
+            if stop is None:
+                for p, x in zip(live, xl, strict=True):
+                    path = paths[p]
+                    path.append(step(path[-1], x))
+                continue
             still = []
             for p, x in zip(live, xl, strict=True):
                 path = paths[p]
                 s = path[-1]
                 path.append(step(s, x))
-                lengths[p] += 1
-                if stop is not None and stop(s, x):
-                    stopped[p] = lengths[p] - 1
+                if stop(s, x):
+                    stopped[p] = len(path) - 2
                 else:
                     still.append(p)
-            steps.append((None if len(live) == P else np.array(live), d, xs))
             live = still
-        for path in paths:  # pad stopped branches: the target scores k+1 states each, extras unused
-            if len(path) < k + 1:
+        lengths = None  # every branch drafted all k
+        if stopped:
+            lengths = np.array([len(path) - 1 for path in paths], np.int64).reshape(R, m)
+            lengths = lengths[:, 0] if m == 1 else lengths
+            for path in paths:  # pad stopped branches: the target scores k+1 states each, extras unused
                 path.extend([path[-1]] * (k + 1 - len(path)))
         self._paths, self._m = paths, m
         shape = (R, k) if m == 1 else (R, m, k)
-        if stopped:
-            lengths = np.array(lengths, np.int64).reshape(R, m)
-            lengths = lengths[:, 0] if m == 1 else lengths
-        else:
-            lengths = None  # every branch drafted all k
         if k == 0:
             return Proposal(np.zeros(shape, np.int64), None, lengths)
-        if qbuf is not None and len(steps) == k:
-            q = Categorical(probs=qbuf.reshape(*shape, qbuf.shape[2]), validate=False)
-            return Proposal(xbuf.reshape(shape), q, lengths)
         kinds = {type(d) for _, d, _ in steps}
         if kinds == {Categorical} and len({d.num_outcomes for _, d, _ in steps}) == 1:
             V = steps[0][1].num_outcomes
+            if qbuf is not None and len(steps) == k:  # every step drafted every branch
+                return Proposal(xbuf.reshape(shape), Categorical._of(qbuf.reshape(*shape, V)), lengths)
             q = np.zeros((P, k, V), np.result_type(*[d.dtype for _, d, _ in steps]))
             x = np.zeros((P, k), np.int64)
             for i, (lv, d, xs) in enumerate(steps):
                 lv = slice(None) if lv is None else lv
                 q[lv, i], x[lv, i] = d.probs, xs
-            return Proposal(x.reshape(shape), Categorical(probs=q.reshape(*shape, V), validate=False), lengths)
+            return Proposal(x.reshape(shape), Categorical._of(q.reshape(*shape, V)), lengths)
         if kinds == {Normal} and len({d.event_shape for _, d, _ in steps}) == 1:
             ev = steps[0][1].event_shape
             loc, scale = np.zeros((P, k, *ev)), np.ones((P, k, *ev))

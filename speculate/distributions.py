@@ -139,6 +139,13 @@ class Categorical:
                 pr = (flat / sums[:, None]).astype(pr.dtype, copy=False).reshape(pr.shape)
         self.probs = pr
 
+    @classmethod
+    def _of(cls, probs: np.ndarray) -> Categorical:
+        """Wrap a float32/float64 array already known to be valid probabilities (no copy, no checks)."""
+        out = cls.__new__(cls)
+        out.probs = probs
+        return out
+
     @property
     def probs(self) -> np.ndarray:
         """Probabilities [*batch_shape, num_outcomes]."""
@@ -165,10 +172,10 @@ class Categorical:
         out = self.probs[idx]
         if out.ndim == 0:
             raise IndexError("index selects a single probability, not a distribution")
-        return Categorical(probs=out, validate=False)
+        return Categorical._of(out)
 
     def reshape(self, *batch_shape: int) -> Categorical:
-        return Categorical(probs=self.probs.reshape(*batch_shape, self.num_outcomes), validate=False)
+        return Categorical._of(self.probs.reshape(*batch_shape, self.num_outcomes))
 
     def sample(self, rng: np.random.Generator) -> Any:
         """One outcome per batch element (a Python int when unbatched)."""

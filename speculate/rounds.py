@@ -92,13 +92,14 @@ class Stats:
             return float("nan")
         return (self.draft_time / self.draft_calls) / (self.target_time / self.target_calls)
 
-    def add_round(self, k: int, n_accepted: np.ndarray, lengths: np.ndarray) -> None:
+    def add_round(self, k: int, n_accepted: np.ndarray, lengths: np.ndarray | None) -> None:
+        """Count one round; ``lengths`` None means every row drafted all k."""
         self.rounds += 1
         self.target_calls += 1
         self.draft_calls += k
         self.row_rounds += len(n_accepted)
         if len(n_accepted) == 1:  # one chain: plain Python is faster than four numpy reductions
-            a, L = int(n_accepted[0]), int(lengths[0])
+            a, L = int(n_accepted[0]), k if lengths is None else int(lengths[0])
             self.proposed += L
             self.accepted += a
             self.rejections += a < L
@@ -106,6 +107,8 @@ class Stats:
                 self._grow(k)
             self.accepted_per_position[a] += 1
         else:
+            if lengths is None:
+                lengths = np.full(len(n_accepted), k, np.int64)
             self.proposed += int(lengths.sum())
             self.accepted += int(n_accepted.sum())
             self.rejections += int(np.count_nonzero(n_accepted < lengths))
@@ -161,9 +164,11 @@ class _Lookahead:
         self.fixed_c = cost_ratio
         self.c: float | None = cost_ratio
 
-    def update(self, n_acc: np.ndarray, lengths: np.ndarray, k: int, t_draft: float, t_target: float) -> None:
+    def update(self, n_acc: np.ndarray, lengths: np.ndarray | None, k: int, t_draft: float, t_target: float) -> None:
         if not self.auto:
             return
+        if lengths is None:
+            lengths = np.full(len(n_acc), k, np.int64)
         self.acc = self.decay * self.acc + float(n_acc.sum())
         self.rej = self.decay * self.rej + float(np.sum(n_acc < lengths))
         alpha = (self.acc + 1.0) / (self.acc + self.rej + 2.0)
@@ -255,19 +260,23 @@ def run(
         emitted = _emitted(proposal.outcomes, n_acc, nxt, branch, drafts, left)
         n_used, done = process.commit(rows, emitted, n_acc, branch)
         t4 = time.perf_counter()
-        n_used = np.asarray(n_used, dtype=np.int64)
-        if n_used.shape != (R,) or n_used.min() < 0:
+        used = np.asarray(n_used, dtype=np.int64)
+        if used.shape != (R,) or used.min(initial=0) < 0:
             raise ValueError(f"process.commit must return n_used of shape ({R},), got {n_used!r}")
-        lengths = np.full(R, k, np.int64) if proposal.lengths is None else np.asarray(proposal.lengths)
-        if lengths.ndim == 2:  # multi-draft: the surviving branch's length
-            lengths = lengths[np.arange(R), branch]
-        taken = [len(e[:u]) for e, u in zip(emitted, n_used.tolist(), strict=True)]
+        lengths = proposal.lengths
+        if lengths is not None:
+            lengths = np.asarray(lengths)
+            if lengths.ndim == 2:  # multi-draft: the surviving branch's length
+                lengths = lengths[np.arange(R), branch]
+        taken = [min(len(e), u) for e, u in zip(emitted, used.tolist(), strict=True)]
         if samples is not None:
             for e, u, r in zip(emitted, taken, rows.tolist(), strict=True):
-                used = e[:u]
-                samples[r].extend(used.tolist() if isinstance(used, np.ndarray) and used.ndim == 1 else list(used))
-        left = left - np.array(taken, np.int64)
-        keep = (left > 0) & ~np.asarray(done, dtype=bool)
+                e = e[:u]
+                samples[r].extend(e.tolist() if isinstance(e, np.ndarray) and e.ndim == 1 else list(e))
+        left = left - taken
+        keep = left > 0
+        if done is not None:
+            keep &= ~np.asarray(done, dtype=bool)
         if not keep.all():  # finished rows drop out; the others go on
             remaining[rows] = left
             rows, left = rows[keep], left[keep]

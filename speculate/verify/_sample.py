@@ -192,7 +192,9 @@ def check_probs(probs, tol):  # probs [N, V] -> (status, row, col, sums [N]); 1 
 
 def outputs(B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Fresh (n_accepted, next_outcome, status, where) arrays for B rows, as every kernel returns."""
-    return np.zeros(B, np.int64), np.full(B, -1, np.int64), np.zeros(B, np.int64), np.zeros(B, np.int64)
+    out = np.zeros((4, B), np.int64)  # one allocation, four contiguous rows
+    out[1] = -1
+    return out[0], out[1], out[2], out[3]
 
 
 # ----------------------------------------------------------------------------- NumPy twins
