@@ -55,8 +55,11 @@ def demo(argv: list[str] | None = None) -> int:
     n, repeats = (64, 1) if args.quick else (args.new_tokens, 2)
     torch.set_num_threads(args.threads)
     try:
+        from transformers.utils import logging as hf_logging
+
         from .pair import load_pair
 
+        hf_logging.disable_progress_bar()  # no "Loading weights" bars in the demo's report
         target, draft, tok = load_pair(device=args.device)
     except (FileNotFoundError, ImportError) as err:
         print(f"speculate demo text: the embedded model pair is not available ({err})")

@@ -18,3 +18,9 @@ def test_demo_all_parts(capsys):
     assert demo(["--lj-steps", "30", "--nn-steps", "300", "--train-steps", "100"]) == 0
     out = capsys.readouterr().out
     assert "Lennard-Jones" in out and "MLP potential" in out
+
+
+def test_demo_accepts_quick(capsys):
+    # `speculate demo all --quick` forwards --quick to every domain's demo
+    assert demo(["--quick", "--part", "1"]) == 0
+    assert "4000 replicas" in capsys.readouterr().out
