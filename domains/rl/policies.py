@@ -71,12 +71,13 @@ def policy_name(policy: Any) -> str:
 def batch_observations(space: Any, observations: Sequence[Any]) -> Any:
     """Stack single observations the way a gymnasium vector environment would."""
     import gymnasium as gym
-    from gymnasium.vector.utils import concatenate, create_empty_array
 
     if isinstance(space, gym.spaces.Discrete):
         return np.asarray(observations, dtype=np.int64)  # [N]
     if isinstance(space, gym.spaces.Box):
         return np.stack([np.asarray(o) for o in observations]).astype(space.dtype, copy=False)
+    from gymnasium.vector.utils import concatenate, create_empty_array
+
     out = create_empty_array(space, n=len(observations))
     return concatenate(space, observations, out)
 
@@ -109,7 +110,7 @@ def _to_torch(obs: Any, device: Any) -> Any:
     if isinstance(obs, tuple):
         return tuple(_to_torch(v, device) for v in obs)
     a = np.asarray(obs)
-    dtype = torch.int64 if np.issubdtype(a.dtype, np.integer) else torch.float32
+    dtype = torch.int64 if a.dtype.kind in "iu" else torch.float32
     return torch.as_tensor(a, dtype=dtype, device=device)
 
 
@@ -172,6 +173,7 @@ def action_distributions(policy: Callable, observations: Any, action_space: Any,
 
 def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
     mod = type(out).__module__ or ""
+    finite = False  # probabilities already checked to be finite
     if isinstance(out, tuple):
         raise TypeError(
             f"policy {name} returned a tuple (a (mean, std) pair?); a Discrete action space needs a "
@@ -207,7 +209,7 @@ def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
         probs = torch.softmax(out.detach().double(), dim=-1).cpu().numpy()  # [N, A]
         if not np.isfinite(probs).all():
             raise ValueError(f"policy {name} returned logits with NaN or inf")
-        out = Categorical(probs=probs, validate=False)
+        out, finite = Categorical._of(probs), True
     elif not isinstance(out, Categorical):
         logits = _numpy(out)
         if logits.dtype == object or logits.ndim != 2:
@@ -223,7 +225,7 @@ def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
         )
     if out.num_outcomes != A:
         raise ValueError(f"policy {name} gives {out.num_outcomes} action probabilities; the space has {A}")
-    if not np.all(np.isfinite(out.probs)):
+    if not finite and not np.all(np.isfinite(out.probs)):
         raise ValueError(f"policy {name} returned non-finite action probabilities")
     return out
 
