@@ -238,24 +238,29 @@ class _FunctionProcess:
         return [out[i * k1 : (i + 1) * k1] for i in range(len(rows))]
 
     def commit(self, rows, emitted, n_accepted, branch):
-        R, m = len(rows), self._m
-        n_used = np.zeros(R, np.int64)
-        done = np.zeros(R, bool)
-        for i, r in enumerate(rows):
-            p, e, a = i * m + int(branch[i]), emitted[i], int(n_accepted[i])
-            path = self._paths[p]
-            stop_at = self._stopped.get(p)
-            if stop_at is not None and stop_at < min(len(e), a):
-                n_used[i], done[i] = stop_at + 1, True
-                self.states[r] = path[stop_at + 1]
-            elif len(e) > a:
+        m, stop, paths, stopped, states = self._m, self.stop, self._paths, self._stopped, self.states
+        n_used: list[int] = []
+        done: list[bool] | None = None if stop is None else []  # None: no chain can stop early
+        rows_accepted_branch = zip(rows.tolist(), emitted, n_accepted.tolist(), branch.tolist(), strict=True)
+        for i, (r, e, a, b) in enumerate(rows_accepted_branch):
+            p = i * m + b
+            path = paths[p]
+            stop_at = stopped.get(p)
+            if stop_at is not None and stop_at < min(len(e), a):  # a kept draft stopped the chain
+                n_used.append(stop_at + 1)
+                done.append(True)  # type: ignore[union-attr]
+                states[r] = path[stop_at + 1]
+            elif len(e) > a:  # the verifier's outcome follows the kept drafts
                 y = e[a]
-                self.states[r] = self.step(path[a], y)
-                n_used[i] = len(e)
-                done[i] = self.stop is not None and bool(self.stop(path[a], y))
-            else:
-                n_used[i] = len(e)
-                self.states[r] = path[len(e)]
+                states[r] = self.step(path[a], y)
+                n_used.append(len(e))
+                if done is not None:
+                    done.append(bool(stop(path[a], y)))
+            else:  # the chain needed no more than the kept drafts
+                n_used.append(len(e))
+                states[r] = path[len(e)]
+                if done is not None:
+                    done.append(False)
         return n_used, done
 
 

@@ -191,12 +191,12 @@ def _per_row(n: Any, n_rows: int) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def _emitted(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int, want: np.ndarray) -> list:
+def _emitted(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int, want: Any) -> list:
     """Per row: its kept drafts followed by the verifier's outcome, cut to the outcomes still wanted."""
     R = len(n)
     if R <= 4 and m == 1 and isinstance(outcomes, np.ndarray) and isinstance(nxt, np.ndarray):
         out = []  # a few rows: per-row arrays are cheaper than the padded array below
-        for r, (nr, c) in enumerate(zip(n.tolist(), want.tolist(), strict=True)):
+        for r, (nr, c) in enumerate(zip(n.tolist(), list(want), strict=True)):
             e = np.empty((min(nr + 1, c), *outcomes.shape[2:]), np.result_type(outcomes.dtype, nxt.dtype))
             e[: min(nr, c)] = outcomes[r, : min(nr, c)]
             if c > nr:
@@ -209,7 +209,7 @@ def _emitted(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int,
         E = np.empty((R, k + 1, *rows.shape[2:]), np.result_type(rows.dtype, nxt.dtype))
         E[:, :k] = rows
         E[np.arange(R), n] = nxt  # the next outcome sits right after the kept drafts
-        return [E[r, :c] for r, c in enumerate(np.minimum(n + 1, want).tolist())]
+        return [E[r, :c] for r, c in enumerate(np.minimum(n + 1, np.asarray(want)).tolist())]
     out = []
     for r in range(R):
         row = outcomes[r] if m == 1 else outcomes[r][branch[r]]
@@ -247,7 +247,7 @@ def run(
     stats = Stats()
     samples: list[list] | None = [[] for _ in range(n_rows)] if keep_samples else None
     rows = np.flatnonzero(remaining > 0)
-    left = remaining[rows]
+    left = remaining[rows].tolist()  # outcomes still wanted, per active row
     while rows.size:
         R, k = len(rows), control.k
         t0 = time.perf_counter()
@@ -261,25 +261,30 @@ def run(
         n_used, done = process.commit(rows, emitted, n_acc, branch)
         t4 = time.perf_counter()
         used = np.asarray(n_used, dtype=np.int64)
-        if used.shape != (R,) or used.min(initial=0) < 0:
+        if used.shape != (R,):
             raise ValueError(f"process.commit must return n_used of shape ({R},), got {n_used!r}")
+        used_l = used.tolist()
+        if min(used_l) < 0:
+            raise ValueError(f"process.commit returned a negative n_used: {n_used!r}")
         lengths = proposal.lengths
         if lengths is not None:
             lengths = np.asarray(lengths)
             if lengths.ndim == 2:  # multi-draft: the surviving branch's length
                 lengths = lengths[np.arange(R), branch]
-        taken = [min(len(e), u) for e, u in zip(emitted, used.tolist(), strict=True)]
+        taken = [min(len(e), u) for e, u in zip(emitted, used_l, strict=True)]
+        rows_l = rows.tolist()
         if samples is not None:
-            for e, u, r in zip(emitted, taken, rows.tolist(), strict=True):
+            for e, u, r in zip(emitted, taken, rows_l, strict=True):
                 e = e[:u]
                 samples[r].extend(e.tolist() if isinstance(e, np.ndarray) and e.ndim == 1 else list(e))
-        left = left - taken
-        keep = left > 0
-        if done is not None:
-            keep &= ~np.asarray(done, dtype=bool)
-        if not keep.all():  # finished rows drop out; the others go on
-            remaining[rows] = left
-            rows, left = rows[keep], left[keep]
+        left = [a - t for a, t in zip(left, taken, strict=True)]
+        done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
+        keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
+        if not all(keep):  # finished rows drop out; the others go on
+            for r, a in zip(rows_l, left, strict=True):
+                remaining[r] = a
+            idx = [i for i, kp in enumerate(keep) if kp]
+            rows, left = rows[idx], [left[i] for i in idx]
         stats.add_round(k, n_acc, lengths)
         stats.emitted += sum(taken)
         stats.draft_time += t1 - t0
