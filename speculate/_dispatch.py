@@ -49,7 +49,9 @@ def verify_round(target: Any, proposal: Any, rule: str, m: int, k: int, R: int, 
 def _lengths(lengths: Any, R: int, m: int, k: int) -> np.ndarray:
     shape = (R,) if m == 1 else (R, m)
     if lengths is None:
-        return np.full(shape, k, np.int64)
+        a = np.empty(shape, np.int64)
+        a.fill(k)
+        return a
     a = np.asarray(lengths, dtype=np.int64)
     if m != 1 and a.shape == (R,):
         a = np.repeat(a[:, None], m, axis=1)

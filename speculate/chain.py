@@ -186,11 +186,11 @@ class _FunctionProcess:
         shape = (R, k) if m == 1 else (R, m, k)
         if k == 0:
             return Proposal(np.zeros(shape, np.int64), None, lengths)
+        if qbuf is not None and len(steps) == k:  # every step a Categorical over every branch
+            return Proposal(xbuf.reshape(shape), Categorical._of(qbuf.reshape(*shape, qbuf.shape[2])), lengths)
         kinds = {type(d) for _, d, _ in steps}
         if kinds == {Categorical} and len({d.num_outcomes for _, d, _ in steps}) == 1:
             V = steps[0][1].num_outcomes
-            if qbuf is not None and len(steps) == k:  # every step drafted every branch
-                return Proposal(xbuf.reshape(shape), Categorical._of(qbuf.reshape(*shape, V)), lengths)
             q = np.zeros((P, k, V), np.result_type(*[d.dtype for _, d, _ in steps]))
             x = np.zeros((P, k), np.int64)
             for i, (lv, d, xs) in enumerate(steps):

@@ -82,7 +82,7 @@ def _lengths(lengths: Any, shape: tuple[int, ...], K: int, check: bool = True) -
 
 
 def _raise_on(status: np.ndarray, where: np.ndarray) -> None:
-    if not status.any():
+    if not np.count_nonzero(status):  # cheaper than status.any() on the few rows of a round
         return
     bad = np.flatnonzero(status != OK)
     if bad.size:
