@@ -16,6 +16,8 @@ with the refined prediction (1 - alpha^(k+1)) / ((1 - alpha)(k c + b)).
 
     .venv/bin/python benchmarks/rl/bench_rollouts.py            # ~3 minutes; trains the pair first if needed
     .venv/bin/python benchmarks/rl/bench_rollouts.py --quick    # fewer episodes
+    .venv/bin/python benchmarks/rl/bench_rollouts.py --device cuda   # expensive policy on a GPU
+                                                                  # (writes rl_rollouts_cuda.*)
 """
 
 from __future__ import annotations
@@ -47,16 +49,18 @@ def make_env() -> gym.Env:
 
 
 def batch_cost(policy, ks: list[int], repeats: int = 20) -> dict:
-    """Median time of one policy call on 1 and on k+1 CartPole observations (interleaved)."""
+    """Median time of one policy call on 1 and on k+1 CartPole observations (interleaved), the
+    result copied back to the CPU as the rollouts do."""
     rng = np.random.default_rng(0)
     sizes = [1] + [k + 1 for k in ks]
     times: dict[int, list[float]] = {s: [] for s in sizes}
+    device = next(policy.parameters()).device
     with torch.inference_mode():
         for _ in range(repeats):
             for s in sizes:
                 x = torch.as_tensor(rng.normal(size=(s, 4)) * 0.1, dtype=torch.float32)
                 t = time.perf_counter()
-                policy(x)
+                policy(x.to(device)).cpu()
                 times[s].append(time.perf_counter() - t)
     med = {s: float(np.median(v)) for s, v in times.items()}
     return {"seconds_batch1": med[1], **{f"ratio_batch{s}": med[s] / med[1] for s in sizes[1:]}}
@@ -115,7 +119,7 @@ def run(episodes: int, n_envs: int, big, draft) -> dict:
 
 def markdown(rec: dict) -> str:
     lines = [
-        "# Speculative rollouts, CartPole-v1, 10.5M-parameter policy, one CPU thread",
+        f"# Speculative rollouts, CartPole-v1, 10.5M-parameter policy on {rec.get('device', 'cpu')}, one CPU thread",
         "",
         f"Command: `{rec['command']}`; {rec['machine']}; torch {rec['torch']}.",
         "",
@@ -185,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 episodes per configuration instead of 6")
     ap.add_argument("--envs", type=int, nargs="+", default=[1, 8], help="numbers of environments to run")
+    ap.add_argument("--device", default="cpu", help="device of the expensive policy (the draft stays on the CPU)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     try:
@@ -193,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         print("no trained policies in benchmarks/rl/cache: training them (about 10 minutes)", flush=True)
         train_cartpole.main([])
         big, draft = train_cartpole.load_pair()
+    big = big.to(args.device)
+    stem = "rl_rollouts" if args.device == "cpu" else f"rl_rollouts_{torch.device(args.device).type}"
     rec = {
+        "device": args.device,
         "command": " ".join([".venv/bin/python benchmarks/rl/bench_rollouts.py",
                              *(argv if argv is not None else sys.argv[1:])]),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread",
@@ -207,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.envs:
         rec["runs"].append(run(episodes if n == 1 else max(1, episodes // 2), n, big, draft))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rl_rollouts.json").write_text(json.dumps(rec, indent=1))
-    (RESULTS / "rl_rollouts.md").write_text(markdown(rec))
-    plot(rec, RESULTS / "rl_rollouts.png")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(rec, indent=1))
+    (RESULTS / f"{stem}.md").write_text(markdown(rec))
+    plot(rec, RESULTS / f"{stem}.png")
     print(markdown(rec))
     return 0
 
