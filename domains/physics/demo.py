@@ -103,11 +103,10 @@ def demo(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=None, help="double-well replicas (default 20000, quick 4000)")
     ap.add_argument("--lj-steps", type=int, default=None, help="Lennard-Jones steps (default 100, quick 30)")
     ap.add_argument("--nn-steps", type=int, default=None, help="MLP-potential steps (default 2000, quick 500)")
-    ap.add_argument("--train-steps", type=int, default=None, help="MLP training steps (default 500, quick 200)")
+    ap.add_argument("--train-steps", type=int, default=500, help="MLP training steps (fewer leave a poor fit)")
     ap.add_argument("--quick", action="store_true", help="smaller defaults for every part")
     args = ap.parse_args(argv)
-    for name, full, quick in (("replicas", 20_000, 4000), ("lj_steps", 100, 30), ("nn_steps", 2000, 500),
-                              ("train_steps", 500, 200)):
+    for name, full, quick in (("replicas", 20_000, 4000), ("lj_steps", 100, 30), ("nn_steps", 2000, 500)):
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
     parts = set(args.part or (1, 2, 3))

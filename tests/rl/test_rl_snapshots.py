@@ -72,7 +72,9 @@ STATEFUL_WRAPPERS = {
     "FrameStackObservation": lambda e: gym.wrappers.FrameStackObservation(e, 3),
     "TimeAwareObservation": lambda e: gym.wrappers.TimeAwareObservation(e),
     "DelayObservation": lambda e: gym.wrappers.DelayObservation(e, 2),
-    "ClipAction+RescaleAction": lambda e: gym.wrappers.ClipAction(gym.wrappers.RescaleAction(e, -1.0, 1.0)),
+    "ClipAction+RescaleAction": lambda e: gym.wrappers.ClipAction(
+        gym.wrappers.RescaleAction(e, np.float32(-1), np.float32(1))
+    ),
 }
 
 
