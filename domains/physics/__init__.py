@@ -12,6 +12,7 @@ steps. The trajectory is distributed exactly as the Euler-Maruyama chain with th
     (6, 1, 1)
 """
 
+from .coulomb import DebyeHueckel, Ewald, IonicFluid, ionic_fluid, rock_salt
 from .langevin import (
     FrozenCorrection,
     Langevin,
@@ -25,8 +26,11 @@ from .potentials import DoubleWell, MuellerBrown
 from .speculative import LangevinProcess, speculative_simulate
 
 __all__ = [
+    "DebyeHueckel",
     "DoubleWell",
+    "Ewald",
     "FrozenCorrection",
+    "IonicFluid",
     "Langevin",
     "LangevinProcess",
     "LennardJones",
@@ -35,7 +39,9 @@ __all__ = [
     "Trajectory",
     "fcc_lattice",
     "frozen_correction",
+    "ionic_fluid",
     "radial_distribution",
+    "rock_salt",
     "simulate",
     "speculative_simulate",
 ]
