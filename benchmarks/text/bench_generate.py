@@ -14,9 +14,11 @@ for every method (EOS does not stop rows, so all methods do the same work):
 Methods are interleaved prompt by prompt and repeated; each repeat gives a time per method, and
 every speedup is a ratio of times measured in the same repeat (the median over repeats is
 reported, with its range). Theory: Leviathan et al.'s speedup ``(1 - a^(k+1)) / ((1 - a)(k c + 1))``
-at the measured acceptance ``a`` (token rule) and cost ratio ``c`` = time per token of the draft
-model decoding alone (``draft-alone``: ``draft.generate(do_sample=True)``) / time per token of
-``plain``, both measured the same way in the same interleaved runs. ``r`` = time of one of our
+at the measured acceptance ``a`` (token rule) and cost ratio ``c`` = time of one draft step as our
+generator runs it (its draft model forward, probabilities and sampling, from the runs' own
+statistics) / time per token of ``plain``. (The draft model decoding alone through transformers,
+``draft-alone``: ``draft.generate(do_sample=True)``, is reported too: that is the draft cost of
+assisted generation; our generator runs Llama drafts in a leaner loop.) ``r`` = time of one of our
 verification calls (k+1 tokens per row) / time per token of ``plain``: the cost of scoring k+1
 tokens at once, which the formula takes as 1; ``E / (k c + r)`` is the prediction with it.
 
@@ -173,7 +175,10 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
     out: dict = {"batch": batch_size, "lookahead": k, "methods": {}}
     plain_step = statistics.median(times["plain"]) / (tokens["plain"] / batch_size)
     draft_step = statistics.median(times["draft-alone"]) / (tokens["draft-alone"] / batch_size)
-    c = statistics.median([times["draft-alone"][r] / times["plain"][r] for r in range(args.repeats)])
+    c_hf = statistics.median([times["draft-alone"][r] / times["plain"][r] for r in range(args.repeats)])
+    s_tok = stats["ours-token"]
+    our_step = sum(x.draft_time for x in s_tok) / sum(x.draft_calls for x in s_tok)  # one batched draft step
+    c = our_step / plain_step
     alpha = _pooled(stats["ours-token"], "alpha")
     for m in names:
         sp = [times["plain"][r] / times[m][r] for r in range(args.repeats)]
@@ -202,7 +207,8 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
             rec["acceptance_rate"] = _pooled(stats[m], "acceptance_rate")
             rec["tokens_per_call"] = _pooled(stats[m], "tokens_per_call")
         out["methods"][m] = rec
-    out.update(alpha_token=alpha, cost_ratio_c=c, plain_step_s=plain_step, draft_step_s=draft_step,
+    out.update(alpha_token=alpha, cost_ratio_c=c, plain_step_s=plain_step, draft_step_s=our_step,
+               hf_draft_step_s=draft_step, cost_ratio_c_hf_draft=c_hf,
                expected_tokens_per_call=theory.expected_tokens(alpha, k),
                theory_speedup=theory.speedup(alpha, k, c))
     return out
@@ -229,8 +235,10 @@ def sweep(target, draft, rows, args, pad) -> dict:
                                        eos_token_id=[], seed=gi)
                 stats[n].append(out.stats)
             times[n] += time.perf_counter() - t0
-    c = times["draft-alone"] / times["plain"]  # same tokens, same prompts
-    alpha = _pooled([s for k in ks for s in stats[f"token-{k}"]], "alpha")
+    tok = [s for k in ks for s in stats[f"token-{k}"]]
+    plain_step = times["plain"] / (len(rows) * args.sweep_repeats * args.new_tokens)
+    c = sum(s.draft_time for s in tok) / sum(s.draft_calls for s in tok) / plain_step  # our draft step
+    alpha = _pooled(tok, "alpha")
     res = {"k": ks, "alpha_token": alpha, "cost_ratio_c": c,
            "theory": [theory.speedup(alpha, k, c) for k in ks]}
     for rule in ("token", "block"):
@@ -286,9 +294,10 @@ def markdown(res: dict, command: str) -> str:
              "ratios within a repeat (range in brackets).", ""]
     for s in res["settings"]:
         lines += [f"## Batch {s['batch']}, lookahead k = {s['lookahead']}", "",
-                  f"Measured: alpha (token rule) = {s['alpha_token']:.3f}, c = draft step / plain "
+                  f"Measured: alpha (token rule) = {s['alpha_token']:.3f}, c = our draft step / plain "
                   f"decoding step = {s['draft_step_s'] * 1e3:.2f} ms / {s['plain_step_s'] * 1e3:.2f} ms"
-                  f" = {s['cost_ratio_c']:.3f}; theory: E[tokens/call] = "
+                  f" = {s['cost_ratio_c']:.3f} (the draft decoding alone through transformers: "
+                  f"{s.get('hf_draft_step_s', float('nan')) * 1e3:.2f} ms per token); theory: E[tokens/call] = "
                   f"{s['expected_tokens_per_call']:.2f}, speedup = {s['theory_speedup']:.2f}.", "",
                   "| method | tokens/s | speedup vs plain | vs assisted | vs assisted-k | "
                   "alpha | tokens/call | measured / theory | r | E/(kc+r) |",

@@ -26,7 +26,8 @@ import torch
 
 from speculate.distributions import Categorical
 
-from .process import CachedModel, TokenBuffer, check_model, model_vocab_size
+from .fast_llama import lean_model
+from .process import TokenBuffer, check_model, model_vocab_size
 from .sampling import SamplingConfig, probabilities
 
 __all__ = ["ModelDraft", "NgramDraft", "early_exit_model", "make_draft"]
@@ -47,7 +48,7 @@ class ModelDraft:
 
     def __init__(self, model: Any) -> None:
         check_model(model)
-        self.lm = CachedModel(model)
+        self.lm = lean_model(model)  # a lean loop for Llama drafts (draft steps are mostly overhead)
         self.vocab = model_vocab_size(model)
         cfg = _text_config(model)
         # tokens the draft lacks (a padded-prefix vocabulary) are shown to it as this id

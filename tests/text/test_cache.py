@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
+from domains.text.fast_llama import LeanLlama, supports
 from domains.text.process import CachedModel, check_model, model_vocab_size
 
 
@@ -23,20 +24,32 @@ def _qwen2():
                                         num_key_value_heads=2)).double().eval()
 
 
-@pytest.fixture(params=["llama-sdpa", "llama-eager", "gpt2", "qwen2"])
+@pytest.fixture(params=["llama-sdpa", "llama-eager", "llama-mha", "gpt2", "qwen2"])
 def model(request, make_llama):
     if request.param == "gpt2":
         return _gpt2()
     if request.param == "qwen2":
         return _qwen2()
+    if request.param == "llama-mha":
+        return make_llama(kv_heads=4, dtype=torch.float64)
     return make_llama(attn=request.param.split("-")[1], dtype=torch.float64)
 
 
-def test_ragged_rounds_equal_full_forward(model):
+@pytest.fixture(params=["general", "lean"])
+def cache(request, model):
+    """The general position-indexed cache, or the lean Llama loop (drafts) where it applies."""
+    if request.param == "general":
+        return CachedModel
+    if not supports(model):
+        pytest.skip("the lean loop is for LlamaForCausalLM")
+    return LeanLlama
+
+
+def test_ragged_rounds_equal_full_forward(model, cache):
     """Rows advance by different amounts, stale slots are overwritten, rows are dropped."""
     rng = np.random.default_rng(0)
     seqs = [rng.integers(0, model_vocab_size(model), 40) for _ in range(3)]
-    lm = CachedModel(model)
+    lm = cache(model)
     lm.reset(batch=3, capacity=8)  # too small on purpose: the buffers must grow
     lengths = np.array([5, 2, 9])
     block = np.stack([np.pad(s[:L], (0, 9 - L)) for s, L in zip(seqs, lengths, strict=True)])
@@ -44,7 +57,7 @@ def test_ragged_rounds_equal_full_forward(model):
     lm.length[:] = lengths
     rows = np.arange(3)
     for step in range(6):
-        W = 4
+        W = 4 if step % 2 == 0 else 1
         start = lm.length.copy()
         block = np.stack([seqs[r][s : s + W] for r, s in zip(rows, start, strict=True)])
         got = lm.forward(torch.from_numpy(block), start)  # [R, W, V]

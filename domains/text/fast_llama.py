@@ -1,0 +1,207 @@
+"""A lean decoding loop for Llama-architecture drafts: the draft's weights and layers, without the
+framework around them.
+
+A draft step on CPU with a small model is mostly overhead: building masks and cache objects, output
+dataclasses, hooks. For ``LlamaForCausalLM`` this module runs the model's own submodules (embedding,
+rotary embedding, RMSNorms, q/k/v/o projections, MLP, head) around a KV cache of fixed tensors
+indexed by position (gpt-fast style): writing a token at slot ``p`` overwrites whatever a rejected
+draft left there, so rollback is just moving ``length`` back. Same interface as
+:class:`domains.text.process.CachedModel`; :func:`lean_model` picks it when the model allows.
+
+The logits agree with the transformers forward to float rounding (tests/text/test_fast_llama.py);
+exactness does not depend on it: the verifier uses the probabilities this loop computed, which
+are the ones the drafts were sampled from.
+
+>>> import numpy as np, torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> cfg = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+...                   num_attention_heads=2, num_key_value_heads=1)
+>>> lm = LeanLlama(LlamaForCausalLM(cfg).eval())
+>>> lm.reset(batch=2, capacity=8)
+>>> lm.forward(torch.tensor([[1, 2, 3], [4, 5, 0]]), np.array([0, 0])).shape
+torch.Size([2, 3, 16])
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LeanLlama", "lean_model", "supports"]
+
+
+def supports(model: Any) -> bool:
+    """Whether ``model`` is a plain ``LlamaForCausalLM`` this loop reproduces."""
+    if type(model).__name__ != "LlamaForCausalLM" or getattr(model, "training", False):
+        return False
+    cfg = model.config
+    impl = getattr(cfg, "_attn_implementation", "eager") or "eager"
+    return impl in ("sdpa", "eager") and getattr(cfg, "pretraining_tp", 1) == 1
+
+
+def lean_model(model: Any) -> Any:
+    """A :class:`LeanLlama` for a supported model, else the general ``CachedModel``."""
+    from .process import CachedModel
+
+    return LeanLlama(model) if supports(model) else CachedModel(model)
+
+
+class LeanLlama:
+    """``LlamaForCausalLM`` decoding with a position-indexed KV cache for a batch of rows.
+
+    ``length[r]``: tokens of row ``r`` whose keys and values sit, correct, at slots
+    ``0 .. length[r] - 1``. :meth:`forward` writes new tokens from per-row start slots and returns
+    their logits without changing ``length``.
+    """
+
+    def __init__(self, model: Any) -> None:
+        if not supports(model):
+            raise ValueError(f"LeanLlama needs a LlamaForCausalLM in eval mode, got {type(model).__name__}")
+        self.model = model
+        self.core = model.model
+        attn = self.core.layers[0].self_attn
+        self.head_dim, self.scaling = int(attn.head_dim), float(attn.scaling)
+        cfg = model.config
+        self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+        with torch.no_grad():  # raw weights (q/k/v and gate/up fused: one matmul each), shared otherwise
+            self.layers = [_weights(layer) for layer in self.core.layers]
+        p = next(model.parameters())
+        self.dtype, self.device_ = p.dtype, p.device
+        self.length = np.zeros(0, np.int64)
+        self.capacity = 0
+        self.k: list[torch.Tensor] = []  # per layer [R, n_kv, capacity, head_dim]
+        self.v: list[torch.Tensor] = []
+
+    @property
+    def device(self) -> torch.device:
+        return self.device_
+
+    def _alloc(self, batch: int, capacity: int) -> None:
+        # rotary tables for slots 0 .. capacity-1, from the model's own rotary embedding (each entry is
+        # inv_freq * position, so a table lookup gives the same numbers as computing it per call)
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device_)
+        cos, sin = self.core.rotary_emb(probe, torch.arange(capacity, device=self.device_)[None])
+        self._cos, self._sin = cos[0], sin[0]  # [capacity, head_dim]
+        shape = (batch, self.n_kv, capacity, self.head_dim)
+        old_k, old_v = self.k, self.v
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in self.layers]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in self.layers]
+        if old_k and old_k[0].shape[0] == batch:  # growing: keep what is cached
+            n = old_k[0].shape[2]
+            for i in range(len(self.layers)):
+                self.k[i][:, :, :n] = old_k[i]
+                self.v[i][:, :, :n] = old_v[i]
+        self.capacity = capacity
+
+    def reset(self, batch: int, capacity: int) -> None:
+        """Empty caches for ``batch`` rows of up to ``capacity`` tokens each."""
+        self.k, self.v = [], []
+        self._alloc(batch, capacity)
+        self.length = np.zeros(batch, np.int64)
+
+    def release(self) -> None:
+        self.k, self.v, self.capacity = [], [], 0
+        self.length = np.zeros(0, np.int64)
+
+    def ensure_capacity(self, capacity: int) -> None:
+        if capacity > self.capacity:
+            self._alloc(len(self.length), max(capacity, 2 * self.capacity))
+
+    def select(self, keep: np.ndarray) -> None:
+        """Keep only the rows ``keep`` (local indices, increasing)."""
+        idx = torch.as_tensor(keep, dtype=torch.long, device=self.device_)
+        self.k = [t.index_select(0, idx) for t in self.k]
+        self.v = [t.index_select(0, idx) for t in self.v]
+        self.length = self.length[keep]
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False) -> torch.Tensor:
+        """Logits ``[R, W, V]`` of ``tokens`` ``[R, W]`` written at slots ``start[r] + j``; token ``j`` of
+        row ``r`` attends to slots ``0 .. start[r] + j``. ``last_only``: logits of the last column only."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        R, W = tokens.shape
+        start = np.asarray(start, dtype=np.int64)
+        top = int(start.max()) + W  # slots 0 .. top-1 are read
+        if top > self.capacity:
+            self.ensure_capacity(top)
+        dev = self.device_
+        pos = torch.as_tensor(start, device=dev)[:, None] + torch.arange(W, device=dev)[None, :]  # [R, W]
+        uniform = bool((start == start[0]).all())
+        if uniform and W == 1:
+            mask = None  # one new token per row, all at the same slot: it sees every slot < top
+        else:
+            keys = torch.arange(top, device=dev)
+            mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, top]
+        x = F.embedding(tokens.to(dev), self.core.embed_tokens.weight)  # [R, W, D]
+        cos, sin = self._cos[pos], self._sin[pos]  # [R, W, head_dim] each
+        rows = torch.arange(R, device=dev)[:, None]  # [R, 1]
+        nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        for i, w in enumerate(self.layers):
+            qkv = F.linear(_rms_norm(x, w.norm1, w.eps1), w.qkv, w.qkv_bias)  # [R, W, (H + 2 Hkv) hd]
+            q = qkv[..., :nq].view(R, W, self.n_heads, self.head_dim).transpose(1, 2)  # [R, H, W, hd]
+            k = qkv[..., nq : nq + nk].view(R, W, self.n_kv, self.head_dim).transpose(1, 2)  # [R, Hkv, W, hd]
+            v = qkv[..., nq + nk :].view(R, W, self.n_kv, self.head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            if uniform:  # write slots start .. start+W-1 of every row
+                s0 = int(start[0])
+                self.k[i][:, :, s0 : s0 + W] = k
+                self.v[i][:, :, s0 : s0 + W] = v
+            else:  # per-row slots: [R, Hkv, W, hd] scattered at pos
+                self.k[i][rows, :, pos] = k.transpose(1, 2)
+                self.v[i][rows, :, pos] = v.transpose(1, 2)
+            K, V = self.k[i][:, :, :top], self.v[i][:, :, :top]  # [R, Hkv, top, hd]
+            a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling,
+                                               enable_gqa=self.n_kv != self.n_heads)  # [R, H, W, hd]
+            x = x + F.linear(a.transpose(1, 2).reshape(R, W, nq), w.o, w.o_bias)
+            gate, up = F.linear(_rms_norm(x, w.norm2, w.eps2), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+            x = x + F.linear(w.act(gate) * up, w.down, w.down_bias)  # [R, W, D]
+        if last_only:
+            x = x[:, -1:]
+        head = self.model.lm_head
+        return F.linear(_rms_norm(x, self.core.norm.weight, self.core.norm.variance_epsilon), head.weight,
+                        head.bias)  # [R, W or 1, V]
+
+
+class _Layer(NamedTuple):
+    norm1: torch.Tensor
+    eps1: float
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    norm2: torch.Tensor
+    eps2: float
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    act: Any
+
+
+def _cat_bias(*linears: Any) -> torch.Tensor | None:
+    if all(m.bias is None for m in linears):
+        return None
+    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
+
+
+def _weights(layer: Any) -> _Layer:
+    a, m = layer.self_attn, layer.mlp
+    return _Layer(
+        layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
+        torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), _cat_bias(a.q_proj, a.k_proj, a.v_proj),
+        a.o_proj.weight, a.o_proj.bias,
+        layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon),
+        torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj),
+        m.down_proj.weight, m.down_proj.bias, m.act_fn,
+    )
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: in float32, then back to the input dtype and scaled."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)

@@ -1,0 +1,54 @@
+"""The lean Llama decoding loop gives the transformers forward's logits (common starts, last-only
+logits, grouped-query and multi-head attention, both attention implementations); other models
+fall back to the general cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from domains.text.fast_llama import LeanLlama, lean_model, supports
+from domains.text.process import CachedModel
+
+
+@pytest.fixture(params=["sdpa-gqa", "eager-gqa", "sdpa-mha"])
+def llama(request, make_llama):
+    attn, heads = request.param.split("-")
+    return make_llama(attn=attn, kv_heads=2 if heads == "gqa" else 4, dtype=torch.float64, layers=3)
+
+
+def _tol(model):
+    # transformers' eager attention takes the softmax in float32 even for a float64 model
+    return 1e-6 if model.config._attn_implementation == "eager" else 1e-9
+
+
+# ragged batches with rollback, dropped rows and grown buffers: tests/text/test_cache.py runs its
+# test on this loop too
+
+
+def test_common_start_and_last_only(llama):
+    rng = np.random.default_rng(1)
+    seqs = rng.integers(0, 12, (2, 20))
+    lm = LeanLlama(llama)
+    lm.reset(batch=2, capacity=20)
+    at = 0
+    for w in (5, 1, 3, 1, 2, 4):
+        got = lm.forward(torch.from_numpy(seqs[:, at : at + w]), np.array([at, at]), last_only=(w == 3))
+        full = llama(input_ids=torch.from_numpy(seqs[:, : at + w])).logits[:, at:]
+        torch.testing.assert_close(got, full[:, -1:] if w == 3 else full, rtol=_tol(llama), atol=_tol(llama))
+        at += w
+
+
+def test_lean_model_picks_the_general_cache_for_other_models(make_llama):
+    torch.manual_seed(0)
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=24, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=1, num_attention_heads=4,
+                                        num_key_value_heads=2)).eval()
+    assert isinstance(lean_model(qwen), CachedModel)
+    assert isinstance(lean_model(make_llama()), LeanLlama)
+    training = make_llama().train()
+    assert not supports(training) and isinstance(lean_model(training), CachedModel)
+    with pytest.raises(ValueError, match="LlamaForCausalLM"):
+        LeanLlama(qwen)
