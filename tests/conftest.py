@@ -9,7 +9,9 @@ Hypothesis runs derandomized, so every run draws the same examples.
 """
 
 import os
+import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -21,3 +23,17 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models on a 2-core machine shared by two pytest-xdist workers: one intra-op torch thread
+    is several times faster. Only when the test's modules imported torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

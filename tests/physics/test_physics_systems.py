@@ -20,15 +20,6 @@ def numeric_force(energy, X, h=1e-6, n_particles=None):
     return F
 
 
-@pytest.fixture
-def one_torch_thread():
-    torch = pytest.importorskip("torch")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)                    # tiny models: threads only add contention
-    yield torch
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize(
     "pot, d",
     [(DoubleWell(1.5), 1), (DoubleWell(1.0, stiffness=2.0, tilt=0.3), 2), (MuellerBrown(0.1), 2)],
@@ -87,7 +78,8 @@ def test_lj_periodic_images_do_not_matter(lj_batch):
     np.testing.assert_allclose(lj.energy(X), lj.energy(wrapped), rtol=1e-12)
 
 
-def test_lj_torch_and_numba_agree(lj_batch, one_torch_thread):
+def test_lj_torch_and_numba_agree(lj_batch):
+    pytest.importorskip("torch")
     X, L = lj_batch
     np.testing.assert_allclose(LennardJones(L, backend="torch")(X), LennardJones(L)(X), atol=1e-9)
 
@@ -138,8 +130,8 @@ def test_lj_torch_on_cuda_matches_cpu(lj_batch):
     np.testing.assert_allclose(gpu, LennardJones(L)(X), atol=1e-8)
 
 
-def test_mlp_potential_force_is_minus_gradient_and_batch_consistent(one_torch_thread):
-    torch = one_torch_thread
+def test_mlp_potential_force_is_minus_gradient_and_batch_consistent():
+    torch = pytest.importorskip("torch")
     from domains.physics.neural import MLPPotential, TorchForce
 
     torch.manual_seed(0)
@@ -149,8 +141,8 @@ def test_mlp_potential_force_is_minus_gradient_and_batch_consistent(one_torch_th
     np.testing.assert_allclose(f(X)[2:3], f(X[2:3]), rtol=1e-12, atol=1e-14)
 
 
-def test_fit_potential_learns_double_well(one_torch_thread):
-    torch = one_torch_thread
+def test_fit_potential_learns_double_well():
+    torch = pytest.importorskip("torch")
     from domains.physics.neural import MLPPotential, TorchForce, fit_potential
 
     torch.manual_seed(0)

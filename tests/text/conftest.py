@@ -1,9 +1,8 @@
-"""Fixtures of the text-generation tests: tiny random Llamas (no downloads), one torch thread."""
+"""Fixtures of the text-generation tests: tiny random Llamas (no downloads)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from domains.text.conformance import tiny_llama
 
@@ -12,11 +11,3 @@ from domains.text.conformance import tiny_llama
 def make_llama():
     return tiny_llama
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is several times faster."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
