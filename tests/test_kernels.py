@@ -159,6 +159,18 @@ def test_nan_probabilities_are_an_error(fn):
         fn(p, q, np.array([[0]]), None, np.full((1, 1), 0.9), np.full(1, 0.5))
 
 
+@pytest.mark.parametrize("fn", _CHECKED)
+def test_infinite_probabilities_are_an_error(fn):
+    # +inf in q makes the residual weight p - q = -inf: it must not be clipped to 0
+    p, q = np.array([[[0.5, 0.5, 0.0], [0.3, 0.3, 0.4]]]), np.array([[[0.9, 0.1, np.inf]]])
+    with pytest.raises(ValueError, match="inf"):
+        fn(p, q, np.array([[0]]), None, np.full((1, 1), 0.99), np.full(1, 0.5))
+    # -inf in the bonus row, read when every draft is kept
+    p, q = np.array([[[0.5, 0.5], [0.5, -np.inf]]]), np.array([[[0.5, 0.5]]])
+    with pytest.raises(ValueError, match="inf"):
+        fn(p, q, np.array([[0]]), None, np.zeros((1, 1)), np.full(1, 0.5))
+
+
 def test_residual_that_is_zero_up_to_rounding_falls_back_to_p():
     q = np.array([0.25, 0.25, 0.5], np.float32)
     p = (q * np.float32(1 - 1e-7)).astype(np.float32)  # p <= q everywhere: (p - q)+ == 0

@@ -33,12 +33,13 @@ LANES = 8  # independent accumulators per block: breaks the floating-point add c
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _w(a, b, sa, sb, mode, j):
-    """Weight j: mode 0 -> a[j]; mode 1 -> sa * a[j] - sb * b[j]; clipped at 0, NaN kept."""
+    """Weight j: mode 0 -> a[j]; mode 1 -> sa * a[j] - sb * b[j]; clipped at 0, except that NaN
+    and -inf give NaN (so that a non-finite input makes the sum non-finite and the caller raises)."""
     if mode == 0:
         x = np.float64(a[j])
     else:
         x = sa * np.float64(a[j]) - sb * np.float64(b[j])
-    return 0.0 if x <= 0.0 else x
+    return x if x > 0.0 else 0.0 * x  # 0 * -inf = NaN: branch-free, so the adds still vectorise
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -200,7 +201,7 @@ def outputs(B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------- NumPy twins
 def weights_np(a, b, sa: float, sb: float, mode: int) -> np.ndarray:
     x = np.asarray(a, np.float64) if mode == 0 else sa * np.asarray(a, np.float64) - sb * np.asarray(b, np.float64)
-    return np.where(x <= 0.0, 0.0, x)
+    return np.where(x > 0.0, x, 0.0 * x)  # NaN stays NaN and -inf becomes NaN, as in _w
 
 
 def sums_np(w: np.ndarray) -> tuple[np.ndarray, float]:
