@@ -2,7 +2,8 @@
 
 Every draft returns, for the active rows, ``outcomes`` int64 ``[R, k]``, the draft probabilities
 ``q`` float32 ``[R, k, V]`` each outcome was sampled from (after the same temperature/top-k/top-p
-as the target), and ``lengths`` int64 ``[R]``. Verification is done by the round loop, never here.
+as the target) or ``None`` for point-mass drafts (n-gram, greedy, ``k == 0``), and ``lengths``
+int64 ``[R]``. Verification is done by the round loop, never here.
 
 - :class:`ModelDraft`: any transformers causal LM sharing the target's tokenizer; its vocabulary
   may be a padded prefix of the target's (or the reverse): ids the draft lacks get probability 0,
@@ -33,7 +34,7 @@ from .sampling import SamplingConfig, probabilities
 __all__ = ["ModelDraft", "NgramDraft", "early_exit_model", "make_draft"]
 
 
-def _sample(q: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> np.ndarray:
+def _sample(q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """One token per row of ``q`` ``[R, V]``, drawn with ``rng``."""
     return np.asarray(Categorical(probs=q, validate=False).sample(rng), dtype=np.int64)
 
@@ -114,7 +115,7 @@ class ModelDraft:
             else:
                 qi = self._probs(last, cfg, vocab).cpu().numpy()  # [R, V]
                 q[:, i] = qi
-                outcomes[:, i] = _sample(qi, cfg, rng)
+                outcomes[:, i] = _sample(qi, rng)
             if i + 1 < k:
                 x = torch.from_numpy(outcomes[:, i : i + 1])  # [R, 1]
                 last = self.lm.forward(x, start + P + i)[:, 0]  # [R, Vd]

@@ -24,7 +24,7 @@ torch.Size([2, 3, 16])
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +35,9 @@ __all__ = ["LeanLlama", "lean_model", "supports"]
 
 def supports(model: Any) -> bool:
     """Whether ``model`` is a plain ``LlamaForCausalLM`` this loop reproduces."""
-    if type(model).__name__ != "LlamaForCausalLM" or getattr(model, "training", False):
+    from transformers import LlamaForCausalLM
+
+    if type(model) is not LlamaForCausalLM or model.training:
         return False
     cfg = model.config
     impl = getattr(cfg, "_attn_implementation", "eager") or "eager"
@@ -66,8 +68,7 @@ class LeanLlama:
         self.head_dim, self.scaling = int(attn.head_dim), float(attn.scaling)
         cfg = model.config
         self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-        with torch.no_grad():  # raw weights (q/k/v and gate/up fused: one matmul each), shared otherwise
-            self.layers = [_weights(layer) for layer in self.core.layers]
+        self.layers = list(self.core.layers)
         p = next(model.parameters())
         self.dtype, self.device_ = p.dtype, p.device
         self.length = np.zeros(0, np.int64)
@@ -97,7 +98,10 @@ class LeanLlama:
         self.capacity = capacity
 
     def reset(self, batch: int, capacity: int) -> None:
-        """Empty caches for ``batch`` rows of up to ``capacity`` tokens each."""
+        """Empty caches for ``batch`` rows of up to ``capacity`` tokens each (in the model's current
+        dtype and device: it may have moved since)."""
+        p = next(self.model.parameters())
+        self.dtype, self.device_ = p.dtype, p.device
         self.k, self.v = [], []
         self._alloc(batch, capacity)
         self.length = np.zeros(batch, np.int64)
@@ -139,12 +143,13 @@ class LeanLlama:
         x = F.embedding(tokens.to(dev), self.core.embed_tokens.weight)  # [R, W, D]
         cos, sin = self._cos[pos], self._sin[pos]  # [R, W, head_dim] each
         rows = torch.arange(R, device=dev)[:, None]  # [R, 1]
-        nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        for i, w in enumerate(self.layers):
-            qkv = F.linear(_rms_norm(x, w.norm1, w.eps1), w.qkv, w.qkv_bias)  # [R, W, (H + 2 Hkv) hd]
-            q = qkv[..., :nq].view(R, W, self.n_heads, self.head_dim).transpose(1, 2)  # [R, H, W, hd]
-            k = qkv[..., nq : nq + nk].view(R, W, self.n_kv, self.head_dim).transpose(1, 2)  # [R, Hkv, W, hd]
-            v = qkv[..., nq + nk :].view(R, W, self.n_kv, self.head_dim).transpose(1, 2)
+        nq = self.n_heads * self.head_dim
+        for i, layer in enumerate(self.layers):  # the modules' live weights: in-place training and dtype moves show
+            attn, mlp, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
+            h = _rms_norm(x, n1.weight, n1.variance_epsilon)
+            q = _linear(h, attn.q_proj).view(R, W, self.n_heads, self.head_dim).transpose(1, 2)  # [R, H, W, hd]
+            k = _linear(h, attn.k_proj).view(R, W, self.n_kv, self.head_dim).transpose(1, 2)  # [R, Hkv, W, hd]
+            v = _linear(h, attn.v_proj).view(R, W, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             if uniform:  # write slots start .. start+W-1 of every row
                 s0 = int(start[0])
@@ -156,9 +161,9 @@ class LeanLlama:
             K, V = self.k[i][:, :, :top], self.v[i][:, :, :top]  # [R, Hkv, top, hd]
             a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=self.n_kv != self.n_heads)  # [R, H, W, hd]
-            x = x + F.linear(a.transpose(1, 2).reshape(R, W, nq), w.o, w.o_bias)
-            gate, up = F.linear(_rms_norm(x, w.norm2, w.eps2), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
-            x = x + F.linear(w.act(gate) * up, w.down, w.down_bias)  # [R, W, D]
+            x = x + _linear(a.transpose(1, 2).reshape(R, W, nq), attn.o_proj)
+            h = _rms_norm(x, n2.weight, n2.variance_epsilon)
+            x = x + _linear(mlp.act_fn(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
         if last_only:
             x = x[:, -1:]
         head = self.model.lm_head
@@ -166,38 +171,9 @@ class LeanLlama:
                         head.bias)  # [R, W or 1, V]
 
 
-class _Layer(NamedTuple):
-    norm1: torch.Tensor
-    eps1: float
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
-    norm2: torch.Tensor
-    eps2: float
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
-    act: Any
-
-
-def _cat_bias(*linears: Any) -> torch.Tensor | None:
-    if all(m.bias is None for m in linears):
-        return None
-    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
-
-
-def _weights(layer: Any) -> _Layer:
-    a, m = layer.self_attn, layer.mlp
-    return _Layer(
-        layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
-        torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), _cat_bias(a.q_proj, a.k_proj, a.v_proj),
-        a.o_proj.weight, a.o_proj.bias,
-        layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon),
-        torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj),
-        m.down_proj.weight, m.down_proj.bias, m.act_fn,
-    )
+def _linear(x: torch.Tensor, m: Any) -> torch.Tensor:
+    """``m(x)`` for an ``nn.Linear`` without the module-call overhead."""
+    return F.linear(x, m.weight, m.bias)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -241,7 +241,8 @@ class SpeculativeGenerator:
                 process.start()
                 prefill = process.prefill_time
                 result = run(process, len(prompts), int(max_new_tokens), lookahead=self.lookahead,
-                             verify=verify, rng=seed, max_lookahead=self.max_lookahead)
+                             verify=verify, rng=seed, max_lookahead=self.max_lookahead,
+                             keep_samples=False)  # the tokens live in the TokenBuffer
             finally:
                 process.release()
             stats = result.stats

@@ -79,3 +79,28 @@ def test_model_draft_probabilities_cover_the_target_vocabulary(make_llama):
     assert q.shape == (3, 12) and (q[:, 10:] == 0).all() and ((q > 0).sum(-1) == 4).all()
     q = draft._probs(torch.randn(3, 10), SamplingConfig(), vocab=8)  # draft larger: cut
     torch.testing.assert_close(q.sum(-1), torch.ones(3))
+
+
+def _qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama (lean draft loop)", "qwen2 (general cache)"])
+@pytest.mark.parametrize("lookahead", [3, "auto"])
+def test_a_copy_of_the_target_as_draft_is_always_accepted(arch, lookahead, make_llama):
+    """The output law cannot see draft-side cache bugs (any draft is exact); acceptance can: a draft
+    equal to the target must keep every draft, over many ragged rounds, on both draft cache paths."""
+    import copy
+
+    from domains.text.generator import SpeculativeGenerator
+
+    target = make_llama(vocab=24, init_std=0.2) if arch.startswith("llama") else _qwen2()
+    gen = SpeculativeGenerator(target, copy.deepcopy(target), lookahead=lookahead, verify="token")
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
+    out = gen.generate(prompts, max_new_tokens=40, eos_token_id=[], seed=0)
+    assert out.stats.proposed > 60
+    assert out.stats.acceptance_rate > 0.999

@@ -52,3 +52,19 @@ def test_lean_model_picks_the_general_cache_for_other_models(make_llama):
     assert not supports(training) and isinstance(lean_model(training), CachedModel)
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         LeanLlama(qwen)
+
+
+def test_reads_the_live_weights_and_dtype(make_llama):
+    """Training the draft in place (distill) or moving it to another dtype after the loop was built
+    must show in its logits: nothing is copied at construction."""
+    m = make_llama(dtype=torch.float32)
+    lm = LeanLlama(m)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        m.model.layers[0].self_attn.q_proj.weight.add_(0.5)
+        m.model.layers[0].mlp.up_proj.weight.mul_(2.0)
+    m.double()
+    lm.reset(batch=1, capacity=8)
+    got = lm.forward(ids, np.zeros(1, np.int64))
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, m(input_ids=ids).logits, rtol=1e-9, atol=1e-9)
