@@ -154,7 +154,7 @@ class _FunctionProcess:
             if full and isinstance(d, Categorical):
                 if i == 0:
                     qbuf, xbuf = np.empty((P, k, d.num_outcomes), d.dtype), np.empty((P, k), np.int64)
-                if qbuf is not None and d.num_outcomes == qbuf.shape[2]:
+                if qbuf is not None and d.num_outcomes == qbuf.shape[2] and d.dtype == qbuf.dtype:
                     qbuf[:, i], xbuf[:, i] = d.probs, xs
                 else:
                     qbuf = None

@@ -47,7 +47,7 @@ class Process(Protocol):
 
     def commit(
         self, rows: np.ndarray, emitted: list, n_accepted: np.ndarray, branch: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]: ...
+    ) -> tuple[Any, Any]: ...  # (n_used int [R], done bool [R] or None when no row can finish early)
 
 
 @dataclass
@@ -98,13 +98,13 @@ class Stats:
         self.target_calls += 1
         self.draft_calls += k
         self.row_rounds += len(n_accepted)
+        if len(self.accepted_per_position) < k + 1:  # the histogram covers 0..k whatever the rows
+            self._grow(k)
         if len(n_accepted) == 1:  # one chain: plain Python is faster than four numpy reductions
             a, L = int(n_accepted[0]), k if lengths is None else int(lengths[0])
             self.proposed += L
             self.accepted += a
             self.rejections += a < L
-            if len(self.accepted_per_position) <= a:
-                self._grow(k)
             self.accepted_per_position[a] += 1
         else:
             if lengths is None:
@@ -112,8 +112,6 @@ class Stats:
             self.proposed += int(lengths.sum())
             self.accepted += int(n_accepted.sum())
             self.rejections += int(np.count_nonzero(n_accepted < lengths))
-            if len(self.accepted_per_position) < k + 1:
-                self._grow(k)
             self.accepted_per_position[: k + 1] += np.bincount(n_accepted, minlength=k + 1)[: k + 1]
         self.lookahead_counts[k] = self.lookahead_counts.get(k, 0) + 1
 
@@ -281,8 +279,6 @@ def run(
         done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
         keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
         if not all(keep):  # finished rows drop out; the others go on
-            for r, a in zip(rows_l, left, strict=True):
-                remaining[r] = a
             idx = [i for i, kp in enumerate(keep) if kp]
             rows, left = rows[idx], [left[i] for i in idx]
         stats.add_round(k, n_acc, lengths)

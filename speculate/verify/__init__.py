@@ -84,10 +84,8 @@ def _lengths(lengths: Any, shape: tuple[int, ...], K: int, check: bool = True) -
 def _raise_on(status: np.ndarray, where: np.ndarray) -> None:
     if not np.count_nonzero(status):  # cheaper than status.any() on the few rows of a round
         return
-    bad = np.flatnonzero(status != OK)
-    if bad.size:
-        b = int(bad[0])
-        raise ValueError(f"row {b}, position {int(where[b])}: {MESSAGES[int(status[b])]}")
+    b = int(np.flatnonzero(status != OK)[0])
+    raise ValueError(f"row {b}, position {int(where[b])}: {MESSAGES[int(status[b])]}")
 
 
 def _parallel(parallel: bool | None, work: int) -> bool:
@@ -111,17 +109,27 @@ def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=T
     return p, q, drafts, lengths, u_accept, u_next
 
 
+def _run_kernel(module, p, q, drafts, lengths, u_accept, u_next, parallel=None):
+    """Run ``module``'s (token or block) kernel on inputs already in kernel form and raise on a bad row.
+
+    The one place that calls these kernels: the public wrappers after their checks, and the round
+    loop (speculate._dispatch) directly when its arrays are already in kernel form.
+    """
+    n, nxt, status, where = module.kernel(
+        p, q, drafts, lengths, u_accept, u_next, tiny_for(p.dtype), _parallel(parallel, p.size)
+    )
+    _raise_on(status, where)
+    return n, nxt
+
+
 def _categorical_rule(module, reference: bool):
     def run(p, q, drafts, lengths, u_accept, u_next, *, parallel=None, check_uniforms=True):
         p, q, drafts, lengths, u_accept, u_next = _check_categorical(
-            p, q, drafts, lengths, u_accept, u_next, check_uniforms, reference
+            p, q, drafts, lengths, u_accept, u_next, check_uniforms, check_lengths=reference
         )
-        tiny = tiny_for(p.dtype)
-        if reference:
-            n, nxt, status, where = module.reference(p, q, drafts, lengths, u_accept, u_next, tiny)
-        else:
-            par = _parallel(parallel, p.size)
-            n, nxt, status, where = module.kernel(p, q, drafts, lengths, u_accept, u_next, tiny, par)
+        if not reference:
+            return _run_kernel(module, p, q, drafts, lengths, u_accept, u_next, parallel)
+        n, nxt, status, where = module.reference(p, q, drafts, lengths, u_accept, u_next, tiny_for(p.dtype))
         _raise_on(status, where)
         return n, nxt
 
