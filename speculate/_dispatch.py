@@ -11,8 +11,7 @@ import numpy as np
 from ._single import verify_one
 from .distributions import Categorical, Normal, PointMass, as_distribution
 from .verify import (
-    _PARALLEL_MIN_WORK,
-    _raise_on,
+    _run_kernel,
     block,
     token,
     verify_block,
@@ -21,7 +20,6 @@ from .verify import (
     verify_multi,
     verify_token,
 )
-from .verify._sample import tiny_for
 
 RULES = ("token", "block", "greedy")
 
@@ -49,7 +47,7 @@ def verify_round(target: Any, proposal: Any, rule: str, m: int, k: int, R: int, 
 def _lengths(lengths: Any, R: int, m: int, k: int) -> np.ndarray:
     shape = (R,) if m == 1 else (R, m)
     if lengths is None:
-        a = np.empty(shape, np.int64)
+        a = np.empty(shape, np.int64)  # empty + fill: np.full costs twice as much on a few rows
         a.fill(k)
         return a
     a = np.asarray(lengths, dtype=np.int64)
@@ -86,17 +84,7 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
         if p.dtype == q.dtype and p.flags.c_contiguous and q.flags.c_contiguous and outcomes.dtype == np.int64:
             # everything is already in kernel form (shapes checked above): skip the wrapper's checks
             mod = token if rule == "token" else block
-            n, nxt, status, where = mod.kernel(
-                p,
-                q,
-                np.ascontiguousarray(outcomes),
-                lengths,
-                u_accept,
-                u_next,
-                tiny_for(p.dtype),
-                p.size >= _PARALLEL_MIN_WORK,
-            )
-            _raise_on(status, where)
+            n, nxt = _run_kernel(mod, p, q, np.ascontiguousarray(outcomes), lengths, u_accept, u_next)
             return n, nxt, np.zeros(R, np.int64)
         fn = verify_token if rule == "token" else verify_block
         n, nxt = fn(p, q, outcomes, lengths, u_accept, u_next, check_uniforms=False)  # fresh from rng
@@ -143,7 +131,9 @@ def _normal(target, proposal, k, R, lengths, rng):
         sp = target.scale.reshape(())
     else:
         sp = np.broadcast_to(target.scale, target.loc.shape)
-        if not np.array_equal(sp[:, :k], np.broadcast_to(draft.scale, draft.loc.shape)):
+        same = sp[:, :k] == np.broadcast_to(draft.scale, draft.loc.shape)  # [R, k, *event]
+        read = (np.arange(k)[None, :] < lengths[:, None]).reshape(R, k, *([1] * len(ev)))  # drafts the kernel reads
+        if not np.all(same | ~read):  # padding past a row's length may hold any draft scale
             return _general(target, proposal, "token", k, R, lengths, rng)
         sp = sp.reshape(R, k + 1, D)
     x = np.asarray(proposal.outcomes, dtype=np.float64)

@@ -183,7 +183,6 @@ class RolloutProcess:
             return Proposal(outcomes, None, lengths)
         if self.discrete:
             return Proposal(outcomes, Categorical(probs=q, validate=False), lengths)
-        self._draft_scale = scale
         return Proposal(outcomes, Normal(loc, scale, batch_ndims=2, validate=False), lengths)
 
     def score(self, rows: np.ndarray, proposal: Proposal) -> Any:
@@ -196,11 +195,7 @@ class RolloutProcess:
         idx = starts[:, None] + np.minimum(np.arange(k + 1)[None, :], self._lengths[:, None])  # [R, k+1]
         if self.discrete:
             return Categorical(probs=d[idx], validate=False)  # [R, k+1, A]
-        loc, scale = d[0][idx], np.array(d[1][idx])  # [R, k+1, *shape]
-        if k:
-            pad = np.arange(k)[None, :] >= self._lengths[:, None]  # [R, k] positions past a length
-            self._draft_scale[pad] = scale[:, :k][pad]  # keep equal scales (reflection coupling) there
-        return Normal(loc, scale, batch_ndims=2, validate=False)
+        return Normal(d[0][idx], d[1][idx], batch_ndims=2, validate=False)  # [R, k+1, *shape]
 
     def commit(self, rows: np.ndarray, emitted: list, n_accepted: np.ndarray, branch: np.ndarray):
         R = len(rows)

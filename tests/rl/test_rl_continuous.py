@@ -92,3 +92,27 @@ def test_pendulum_acceptance_is_plausible() -> None:
                                max_steps=30, lookahead=4, seed=0)
     assert 0.3 < out.stats.acceptance_rate < 0.98
     assert out.stats.rejections > 0 and out.stats.accepted > 0
+
+
+@pytest.mark.parametrize(("draft_std", "path"), PATHS)
+def test_each_path_is_the_one_taken(draft_std: float, path: str, monkeypatch) -> None:
+    """Both paths are exact, so the law cannot tell them apart: count which one verified. Rows near
+    max_steps draft fewer steps (padding), which must not push equal stds to the general rule."""
+    import speculate._dispatch as dispatch
+
+    calls = {"reflection coupling": 0, "general rule": 0}
+    gaussian, general = dispatch.verify_gaussian, dispatch._general
+
+    def count(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(dispatch, "verify_gaussian", count("reflection coupling", gaussian))
+    monkeypatch.setattr(dispatch, "_general", count("general rule", general))
+    target, draft = _policies(draft_std)
+    out = speculative_rollouts([gym.make("Pendulum-v1") for _ in range(20)], target, draft,
+                               max_steps=11, lookahead=4, seed=0)
+    assert calls[path] == out.stats.rounds
+    assert sum(calls.values()) == out.stats.rounds
