@@ -1,4 +1,4 @@
-"""speculate.physics: exact speculative Brownian (overdamped Langevin) dynamics.
+"""domains.physics: exact speculative Brownian (overdamped Langevin) dynamics.
 
 A cheap draft force runs k Euler-Maruyama steps ahead; the expensive force scores all k+1
 configurations in one batched call; reflection maximal coupling keeps a prefix of the drafted

@@ -70,7 +70,8 @@ class Ewald:
         alpha: splitting parameter (default 3.5 / r_cut). r_cut: real-space cutoff (default, and at
             most, L/2). k_max: reciprocal vectors per axis (default ceil(3.5 alpha L / pi)).
 
-    ``__call__(X[B, N, 3]) -> F[B, N, 3]``; ``energy(X) -> [B]``. Memory: B N^2 + B N (2 k_max + 1)^3.
+    ``__call__(X[B, N, 3]) -> F[B, N, 3]``; ``energy(X) -> [B]``. Memory per configuration: N^2 pairs and N K
+    phases, K = ((2 k_max + 1)^3 - 1) / 2 reciprocal vectors (``energy`` holds all B at once).
     """
 
     box: float
@@ -123,7 +124,9 @@ class Ewald:
 
     force = __call__
 
-    def _force(self, X: np.ndarray) -> np.ndarray:  # one configuration at a time keeps [N, K] in cache
+    def _force(self, X: np.ndarray) -> np.ndarray:
+        # one configuration at a time: a configuration's force must not depend on the batch it comes
+        # in (plain and speculative runs score batches of different sizes); do not batch this away
         q, a = self.charges, self.alpha
         dr, rs, inside = _pairs(X, self.box, self.r_cut)
         g = erfc(a * rs) / rs + 2 * a / math.sqrt(math.pi) * np.exp(-((a * rs) ** 2))
