@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 __all__ = ["LeanLlama", "lean_model", "supports"]
 
@@ -125,8 +126,6 @@ class LeanLlama:
     def forward(self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False) -> torch.Tensor:
         """Logits ``[R, W, V]`` of ``tokens`` ``[R, W]`` written at slots ``start[r] + j``; token ``j`` of
         row ``r`` attends to slots ``0 .. start[r] + j``. ``last_only``: logits of the last column only."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
         R, W = tokens.shape
         start = np.asarray(start, dtype=np.int64)
         top = int(start.max()) + W  # slots 0 .. top-1 are read

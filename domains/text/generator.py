@@ -175,7 +175,7 @@ class SpeculativeGenerator:
     ``"ngram"`` / ``"ngram:N"`` (prompt lookup over the last ``N`` tokens, default 3), or
     ``"early-exit:N"`` (the target's first ``N`` layers and its head). ``lookahead``: drafts per
     round (an int, or ``"auto"`` to adapt it to the measured acceptance and cost). ``verify``:
-    ``"block"`` (Sun et al. 2024, never fewer tokens than token-wise), ``"token"`` (Leviathan et
+    ``"block"`` (Sun et al. 2024, never fewer tokens than token-wise in expectation), ``"token"`` (Leviathan et
     al.) or ``"greedy"``; temperature 0 always uses ``"greedy"``.
     """
 

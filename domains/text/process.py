@@ -28,6 +28,9 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
+from speculate.distributions import Categorical
+from speculate.rounds import Proposal
+
 from .sampling import SamplingConfig, probabilities
 
 __all__ = [
@@ -407,9 +410,6 @@ class TextProcess:
         self.target.ensure_capacity(need)
 
     def propose(self, rows: np.ndarray, k: int, m: int, rng: np.random.Generator) -> Any:
-        from speculate.distributions import Categorical
-        from speculate.rounds import Proposal
-
         if m != 1:
             raise NotImplementedError("the text domain drafts one branch per row (m = 1)")
         self._select(rows)
@@ -420,8 +420,6 @@ class TextProcess:
         return Proposal(outcomes=outcomes, dists=dists, lengths=lengths)
 
     def score(self, rows: np.ndarray, proposal: Any) -> Any:
-        from speculate.distributions import Categorical
-
         self._select(rows)
         drafts = np.asarray(proposal.outcomes, dtype=np.int64)  # [R, k]
         R, k = drafts.shape
