@@ -25,28 +25,25 @@ import numpy as np
 import torch
 
 from domains.rl import distill_policy, rollouts
-from domains.rl.cartpole import CARTPOLE_SCALE, SoftLinearPolicy, behaviour_clone, search_linear_controller
+from domains.rl.cartpole import (
+    BIG_HIDDEN,
+    DRAFT_HIDDEN,
+    SoftLinearPolicy,
+    behaviour_clone,
+    cartpole_mlp,
+    search_linear_controller,
+)
 from domains.rl.models import MLPPolicy
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / "cache"
 RESULTS = HERE.parent / "results"
-BIG_HIDDEN = (4096, 2048, 1024)
-DRAFT_HIDDEN = (64, 64)
 TEMPERATURE = 0.01
 SEED = 0
 
 
 def make_env() -> gym.Env:
     return gym.make("CartPole-v1")
-
-
-def big_policy() -> MLPPolicy:
-    return MLPPolicy(4, 2, hidden=BIG_HIDDEN, obs_scale=CARTPOLE_SCALE)
-
-
-def draft_policy() -> MLPPolicy:
-    return MLPPolicy(4, 2, hidden=DRAFT_HIDDEN, obs_scale=CARTPOLE_SCALE)
 
 
 def mean_return(policy, episodes: int, seed: int) -> tuple[float, float]:
@@ -57,7 +54,7 @@ def mean_return(policy, episodes: int, seed: int) -> tuple[float, float]:
 
 def load_pair() -> tuple[MLPPolicy, MLPPolicy]:
     """The trained (big, draft) pair from the cache; raises FileNotFoundError if not trained yet."""
-    big, draft = big_policy(), draft_policy()
+    big, draft = cartpole_mlp("big"), cartpole_mlp("draft")
     big.load_state_dict(torch.load(CACHE / "cartpole_big.pt", weights_only=True))
     draft.load_state_dict(torch.load(CACHE / "cartpole_draft.pt", weights_only=True))
     return big.eval(), draft.eval()
@@ -77,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     record["teacher"]["return_mean"], record["teacher"]["return_std"] = mean_return(teacher, 20, seed=1)
     print(f"teacher (sigmoid(w.s/{TEMPERATURE})): return {record['teacher']['return_mean']:.1f}", flush=True)
 
-    big = big_policy()
+    big = cartpole_mlp("big")
     n_params = sum(p.numel() for p in big.parameters())
     t1 = time.time()
     bc_log = behaviour_clone(teacher, big, episodes=40, steps=600, lr=3e-4, seed=SEED)
@@ -88,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     record["big"]["return_mean"], record["big"]["return_std"] = mean_return(big, 10, seed=2)
     print(f"big policy return {record['big']['return_mean']:.1f}", flush=True)
 
-    draft = draft_policy()
+    draft = cartpole_mlp("draft")
     rep = distill_policy(big, draft, make_env, episodes=20, max_steps=500, steps=3000, lr=3e-3, seed=SEED)
     record["draft"] = {"hidden": list(DRAFT_HIDDEN), "parameters": sum(p.numel() for p in draft.parameters()),
                        "acceptance_before": rep.acceptance_before, "acceptance_after": rep.acceptance_after,

@@ -21,10 +21,23 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CARTPOLE_SCALE", "SoftLinearPolicy", "behaviour_clone", "search_linear_controller"]
+__all__ = ["BIG_HIDDEN", "CARTPOLE_SCALE", "DRAFT_HIDDEN", "SoftLinearPolicy", "behaviour_clone", "cartpole_mlp",
+           "search_linear_controller"]
 
 # Typical magnitudes of CartPole's (x, x_dot, theta, theta_dot): observations are divided by them.
 CARTPOLE_SCALE = (1.0, 1.0, 0.1, 1.0)
+BIG_HIDDEN = (4096, 2048, 1024)  # the expensive policy of the RL benchmark and demo (10.5M parameters)
+DRAFT_HIDDEN = (64, 64)  # its draft (4.6k parameters)
+
+
+def cartpole_mlp(kind: str) -> Any:
+    """An untrained CartPole MLP policy of the RL benchmark's and demo's architectures: ``kind`` is
+    ``"big"`` (the expensive policy) or ``"draft"``."""
+    from .models import MLPPolicy
+
+    if kind not in ("big", "draft"):
+        raise ValueError(f"cartpole_mlp: kind must be 'big' or 'draft', got {kind!r}")
+    return MLPPolicy(4, 2, hidden=BIG_HIDDEN if kind == "big" else DRAFT_HIDDEN, obs_scale=CARTPOLE_SCALE)
 
 
 def _episode_return(env: Any, w: np.ndarray, seed: int, max_steps: int = 500) -> float:

@@ -22,14 +22,12 @@ def _pair(use_cache: bool, quick: bool):
     import gymnasium as gym
     import torch
 
-    from .cartpole import CARTPOLE_SCALE, SoftLinearPolicy, behaviour_clone, search_linear_controller
+    from .cartpole import SoftLinearPolicy, behaviour_clone, cartpole_mlp, search_linear_controller
     from .distill import distill_policy
-    from .models import MLPPolicy
 
     big_file, draft_file = CACHE / "cartpole_big.pt", CACHE / "cartpole_draft.pt"
     if use_cache and big_file.exists() and draft_file.exists():
-        big = MLPPolicy(4, 2, hidden=(4096, 2048, 1024), obs_scale=CARTPOLE_SCALE)
-        draft = MLPPolicy(4, 2, hidden=(64, 64), obs_scale=CARTPOLE_SCALE)
+        big, draft = cartpole_mlp("big"), cartpole_mlp("draft")
         big.load_state_dict(torch.load(big_file, weights_only=True))
         draft.load_state_dict(torch.load(draft_file, weights_only=True))
         print(f"using the benchmark's trained policies from {CACHE}")
@@ -40,9 +38,9 @@ def _pair(use_cache: bool, quick: bool):
     print(f"random search: a linear controller with return {log[-1]['return']:.0f} after "
           f"{log[-1]['episodes']} episodes")
     teacher = SoftLinearPolicy(w, 0.01)
-    big = MLPPolicy(4, 2, hidden=(4096, 2048, 1024), obs_scale=CARTPOLE_SCALE)  # the benchmark's architecture
+    big = cartpole_mlp("big")  # the benchmark's architecture, trained for less long
     behaviour_clone(teacher, big, episodes=10, steps=40 if quick else 100, lr=1e-3, seed=0)
-    draft = MLPPolicy(4, 2, hidden=(64, 64), obs_scale=CARTPOLE_SCALE)
+    draft = cartpole_mlp("draft")
     rep = distill_policy(big, draft, lambda: gym.make("CartPole-v1"), episodes=6, steps=600 if quick else 1500,
                          lr=3e-3, seed=0)
     n = sum(p.numel() for p in big.parameters())
