@@ -222,3 +222,35 @@ def test_uniform_and_lengths_validation():
 
 def test_pair_kinds_are_all_exercised():
     assert {"disjoint", "equal", "draft_one_hot", "zeros"} <= set(PAIR_KINDS)
+
+
+@pytest.mark.parametrize("fn", [V.verify_token, V.verify_block])
+def test_blocked_inverse_cdf_is_exact_across_block_boundaries(fn):
+    """V = 300 > one block of 256 partial sums: mass on both sides of the boundary and in the tail
+    lanes. Marginalised over the draft x ~ q, one round with one draft gives exactly p (in rational
+    arithmetic over the uniforms), so the block walk, the boundary and the tail cannot be off by one
+    without this failing (kernel-vs-twin tests cannot see it: both walk the same blocks)."""
+    from fractions import Fraction as F
+
+    from speculate.testing.exact import assert_exact_law, kernel_law
+
+    Vn = 300
+    p, q = [F(0)] * Vn, [F(0)] * Vn
+    for j, w in zip([3, 254, 255, 256, 257, 299], [1, 1, 2, 1, 2, 1], strict=True):
+        p[j] = F(w, 8)
+    for j, w in zip([3, 255, 260, 299], [1, 1, 1, 1], strict=True):
+        q[j] = F(w, 4)
+    y = [F(0)] * Vn
+    for x in range(Vn):
+        if q[x]:
+            for (n, nx), w in kernel_law(fn, [p, p], [q], [x]).items():
+                y[x if n else nx] += q[x] * w
+    assert_exact_law(y, p)
+
+
+@pytest.mark.parametrize("fn", _CHECKED)
+@pytest.mark.parametrize("length", [-1, 2])
+def test_lengths_out_of_range_are_an_error(fn, length):
+    p, q = np.full((1, 2, 3), 1 / 3), np.full((1, 1, 3), 1 / 3)
+    with pytest.raises(ValueError, match="lengths must lie in 0"):
+        fn(p, q, np.array([[0]]), np.array([length]), np.full((1, 1), 0.5), np.full(1, 0.5))

@@ -123,3 +123,21 @@ def test_long_run_approaches_boltzmann_law():
     hist, edges = np.histogram(x, bins=40, range=(-2, 2), density=True)
     mid = 0.5 * (edges[1:] + edges[:-1])
     assert np.abs(hist - well.stationary_density_1d(mid, 0.5)).max() < 0.05
+
+
+@pytest.mark.parametrize("draft", ["function", "frozen", "corrected"])
+def test_speculative_recording_every_few_steps_keeps_the_same_trajectory(draft):
+    """record_every > 1 skips the bookkeeping of blocks that cross no recorded step: the recorded
+    positions must be those of the same seeded run recorded at every step."""
+    from domains.physics import frozen_correction, speculative_simulate
+
+    well = DoubleWell()
+    cheap = DoubleWell(barrier=1.5)  # not a constant offset: the corrected draft is not exact either
+    d = {"function": cheap, "frozen": "frozen", "corrected": frozen_correction(cheap)}[draft]
+    model = Langevin(force=well, draft_force=d, dt=0.05)
+    x0 = np.full((7, 2, 1), 0.4)
+    every = speculative_simulate(model, x0, 30, lookahead=4, seed=5)
+    sparse = speculative_simulate(model, x0, 30, lookahead=4, seed=5, record_every=3)
+    np.testing.assert_array_equal(sparse.positions, every.positions[:, ::3])
+    np.testing.assert_array_equal(sparse.final, every.final)
+    assert every.stats.core.rejections > 0  # the reflection path is part of the run
