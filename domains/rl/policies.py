@@ -171,6 +171,24 @@ def action_distributions(policy: Callable, observations: Any, action_space: Any,
     )
 
 
+def _is_list_of_dists(out: Any) -> bool:
+    return isinstance(out, list) and bool(out) and not isinstance(out[0], (int, float, np.number))
+
+
+def _unbatched(out: list, n: int, kind: type, name: str, space: str) -> list:
+    """A policy's list of n unbatched distributions, each of ``kind``; errors name the first bad one."""
+    if len(out) != n:
+        raise ValueError(f"policy {name} returned {len(out)} distributions for {n} observations")
+    dists = [as_distribution(d) for d in out]
+    bad = next((d for d in dists if not (isinstance(d, kind) and d.batch_shape == ())), None)
+    if bad is not None:
+        raise TypeError(
+            f"policy {name} must return {kind.__name__} distributions for a {space} action space, "
+            f"got {type(bad).__name__}"
+        )
+    return dists
+
+
 def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
     mod = type(out).__module__ or ""
     finite = False  # probabilities already checked to be finite
@@ -179,15 +197,8 @@ def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
             f"policy {name} returned a tuple (a (mean, std) pair?); a Discrete action space needs a "
             "Categorical (or logits [N, n_actions])"
         )
-    if isinstance(out, list) and out and not isinstance(out[0], (int, float, np.number)):
-        if len(out) != n:
-            raise ValueError(f"policy {name} returned {len(out)} distributions for {n} observations")
-        dists = [as_distribution(d) for d in out]
-        if not all(isinstance(d, Categorical) and d.batch_shape == () for d in dists):
-            raise TypeError(
-                f"policy {name} must return Categorical distributions for a Discrete action space, "
-                f"got {type(dists[0]).__name__}"
-            )
+    if _is_list_of_dists(out):
+        dists = _unbatched(out, n, Categorical, name, "Discrete")
         out = Categorical(probs=np.stack([d.probs for d in dists]), validate=False)
     elif mod.startswith("torch.distributions"):
         import torch.distributions as td
@@ -232,15 +243,8 @@ def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
 
 def _normal(out: Any, n: int, shape: tuple[int, ...], name: str) -> Normal:
     mod = type(out).__module__ or ""
-    if isinstance(out, (list,)) and out and not isinstance(out[0], (int, float, np.number)):
-        if len(out) != n:
-            raise ValueError(f"policy {name} returned {len(out)} distributions for {n} observations")
-        dists = [as_distribution(d) for d in out]
-        if not all(isinstance(d, Normal) and d.batch_shape == () for d in dists):
-            raise TypeError(
-                f"policy {name} must return Normal distributions for a Box action space, "
-                f"got {type(dists[0]).__name__}"
-            )
+    if _is_list_of_dists(out):
+        dists = _unbatched(out, n, Normal, name, "Box")
         loc = np.stack([d.loc for d in dists])
         scale = np.stack([np.broadcast_to(d.scale, d.loc.shape) for d in dists])
         out = Normal(loc, scale, batch_ndims=1, validate=False)
