@@ -8,9 +8,9 @@ import sys
 
 DEMOS = {
     "engine": "speculate.demo",
-    "text": "domains.text.demo",
-    "rl": "domains.rl.demo",
-    "physics": "domains.physics.demo",
+    "text": "speculate.domains.text.demo",
+    "rl": "speculate.domains.rl.demo",
+    "physics": "speculate.domains.physics.demo",
 }
 DEFAULT = ["engine", "text"]
 

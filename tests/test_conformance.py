@@ -10,7 +10,7 @@ import importlib
 import pytest
 from _calib import ALPHA
 
-import domains
+from speculate import domains
 from speculate.testing import ConformanceCase, check_conformance
 
 
@@ -18,7 +18,7 @@ def _cases():
     out = []
     for name in domains.REGISTRY:
         try:
-            mod = importlib.import_module(f"domains.{name}.conformance")
+            mod = importlib.import_module(f"speculate.domains.{name}.conformance")
         except ImportError as err:  # a domain whose optional dependency is missing
             out.append(pytest.param(name, None, marks=pytest.mark.skip(reason=str(err)), id=name))
             continue
@@ -37,5 +37,5 @@ def test_domain_conformance(domain, case):
 
 def test_every_domain_registers_cases():
     for name in domains.REGISTRY:
-        mod = importlib.import_module(f"domains.{name}.conformance")
+        mod = importlib.import_module(f"speculate.domains.{name}.conformance")
         assert mod.conformance_cases(), f"domain {name} has no conformance cases"

@@ -1,6 +1,6 @@
 """Charged Lennard-Jones fluid: acceptance and sequential exact-force calls per step with an Ewald target.
 
-Target: LJ core (all pairs, cutoff L/2) + Ewald sum of the periodic Coulomb energy (domains.physics.coulomb).
+Target: LJ core (all pairs, cutoff L/2) + Ewald sum of the periodic Coulomb energy (speculate.domains.physics.coulomb).
 Drafts: "debye-hueckel" (LJ + screened Coulomb cut at 2.5, no reciprocal sum), "corrected"
 (frozen_correction of it: the draft plus the exact-minus-draft force of the last verified
 configuration) and "frozen". Density 0.8, charges +-1 alternating on an fcc lattice, kT = 1,
@@ -22,9 +22,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, timed, write
-
-from domains.physics import Langevin, frozen_correction, speculative_simulate
-from domains.physics.coulomb import ionic_fluid
+from speculate.domains.physics import Langevin, frozen_correction, speculative_simulate
+from speculate.domains.physics.coulomb import ionic_fluid
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, batch_cost, environment, write
-
-from domains.physics import (
+from speculate.domains.physics import (
     Langevin,
     LennardJones,
     fcc_lattice,

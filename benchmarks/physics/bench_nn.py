@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import batch_cost, environment, write
+from speculate.domains.physics import Langevin, MuellerBrown, simulate, speculative_simulate
+from speculate.domains.physics.neural import MLPPotential, TorchForce, fit_potential
 
-from domains.physics import Langevin, MuellerBrown, simulate, speculative_simulate
-from domains.physics.neural import MLPPotential, TorchForce, fit_potential
 from speculate import theory
 
 MB = MuellerBrown(0.1)

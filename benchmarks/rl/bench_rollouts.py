@@ -32,8 +32,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+from speculate.domains.rl import rollouts, speculative_rollouts
 
-from domains.rl import rollouts, speculative_rollouts
 from speculate import theory
 
 HERE = Path(__file__).resolve().parent

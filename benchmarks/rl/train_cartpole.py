@@ -4,7 +4,7 @@
 2. the stochastic teacher pi(right | s) = sigmoid(w . s / 0.01) is behaviour-cloned into an MLP of
    10.5M parameters (hidden 4096-2048-1024, tanh), the expensive policy;
 3. a draft MLP (hidden 64-64, 4.6k parameters) is distilled from the big policy with
-   ``domains.rl.distill_policy`` (acceptance reported before and after);
+   ``speculate.domains.rl.distill_policy`` (acceptance reported before and after);
 4. episode returns of the teacher and of the big policy (sampled actions) are measured.
 
 The weights go to benchmarks/rl/cache/ (git-ignored: the big policy is 42 MB); the training record
@@ -23,9 +23,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-
-from domains.rl import distill_policy, rollouts
-from domains.rl.cartpole import (
+from speculate.domains.rl import distill_policy, rollouts
+from speculate.domains.rl.cartpole import (
     BIG_HIDDEN,
     DRAFT_HIDDEN,
     SoftLinearPolicy,
@@ -33,7 +32,7 @@ from domains.rl.cartpole import (
     cartpole_mlp,
     search_linear_controller,
 )
-from domains.rl.models import MLPPolicy
+from speculate.domains.rl.models import MLPPolicy
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / "cache"

@@ -43,7 +43,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from domains.text import SpeculativeGenerator  # noqa: E402
+from speculate.domains.text import SpeculativeGenerator  # noqa: E402
+
 from speculate import theory  # noqa: E402
 
 LARGE = ROOT / "benchmarks" / "text" / "models" / "large"
@@ -53,7 +54,7 @@ def load(pair: str, device: str, dtype: torch.dtype, train_missing: bool):
     """The pair's (target, draft, tokenizer); ``large`` is trained first when missing and asked."""
     import subprocess
 
-    from domains.text.pair import load_pair
+    from speculate.domains.text.pair import load_pair
 
     path = None if pair == "embedded" else (LARGE if pair == "large" else Path(pair))
     if pair == "large" and not (LARGE / "draft" / "model.safetensors").is_file():
@@ -68,7 +69,7 @@ def load(pair: str, device: str, dtype: torch.dtype, train_missing: bool):
 
 def prompts(tok, n: int, n_bytes: int, seed: int) -> list[list[int]]:
     """``n`` prompts of ``n_bytes`` bytes (BOS + text) cut at line starts of held-out files."""
-    from domains.text.corpus import load_corpus
+    from speculate.domains.text.corpus import load_corpus
 
     docs = [d for d in load_corpus("heldout").documents if len(d) > 4 * n_bytes]
     rng = np.random.default_rng(seed)
@@ -361,7 +362,7 @@ def _fingerprint(pair: str) -> dict:
     """SHA-256 (first 16 hex digits) of the pair's weight files, to tie results to weights."""
     import hashlib
 
-    from domains.text.pair import MODELS_DIR
+    from speculate.domains.text.pair import MODELS_DIR
 
     base = MODELS_DIR if pair == "embedded" else (LARGE if pair == "large" else Path(pair))
     return {sub: hashlib.sha256((base / sub / "model.safetensors").read_bytes()).hexdigest()[:16]

@@ -4,7 +4,7 @@
     python benchmarks/text/train_pair.py --size large   # -> benchmarks/text/models/large
 
 Stages: (1) train the target as a language model; (2) pre-train the draft as a language model;
-(3) distil the draft toward the target with ``domains.text.distill`` (optionally trying several
+(3) distil the draft toward the target with ``speculate.domains.text.distill`` (optionally trying several
 divergences from the same pre-trained draft and keeping the one that raises acceptance most);
 (4) save both in Hugging Face format (float16 where the size budget needs it), reload them from
 disk and measure what was saved: held-out loss (nats and bits per byte), acceptance
@@ -31,15 +31,15 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from domains.text.corpus import load_corpus  # noqa: E402
-from domains.text.distill import (  # noqa: E402
+from speculate.domains.text.corpus import load_corpus  # noqa: E402
+from speculate.domains.text.distill import (  # noqa: E402
     acceptance_rate,
     cross_entropy,
     distill,
     sample_continuations,
     sample_windows,
 )
-from domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
+from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
 
 
 @dataclass

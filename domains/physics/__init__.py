@@ -1,4 +1,4 @@
-"""domains.physics: exact speculative Brownian (overdamped Langevin) dynamics.
+"""speculate.domains.physics: exact speculative Brownian (overdamped Langevin) dynamics.
 
 A cheap draft force runs k Euler-Maruyama steps ahead; the expensive force scores all k+1
 configurations in one batched call; reflection maximal coupling keeps a prefix of the drafted
@@ -6,7 +6,7 @@ steps. The trajectory is distributed exactly as the Euler-Maruyama chain with th
 (exact for the discretised chain, not the continuous SDE).
 
     >>> import numpy as np
-    >>> from domains.physics import DoubleWell, Langevin, simulate
+    >>> from speculate.domains.physics import DoubleWell, Langevin, simulate
     >>> traj = simulate(Langevin(force=DoubleWell(), dt=1e-2), np.zeros((1, 1)), 5, seed=0)
     >>> traj.positions.shape
     (6, 1, 1)

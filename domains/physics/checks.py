@@ -11,8 +11,8 @@ Used by the tests, the conformance cases and the demo; usable on your own runs:
 
 Example:
     >>> import numpy as np
-    >>> from domains.physics import DoubleWell, Langevin, simulate
-    >>> from domains.physics.checks import innovations
+    >>> from speculate.domains.physics import DoubleWell, Langevin, simulate
+    >>> from speculate.domains.physics.checks import innovations
     >>> model = Langevin(force=DoubleWell(), dt=0.01)
     >>> traj = simulate(model, np.zeros((500, 1, 1)), 20, seed=0)
     >>> z = innovations(model, traj.positions)            # [500, 20, 1, 1]

@@ -7,7 +7,7 @@ bins comes from numerical integration of the Gaussian transitions (``exact_law``
 1e-12). One case per kind of draft: a wrong force function, "frozen", and a frozen correction.
 
 Example:
-    >>> from domains.physics.conformance import conformance_cases
+    >>> from speculate.domains.physics.conformance import conformance_cases
     >>> [c.name for c in conformance_cases()]             # doctest: +NORMALIZE_WHITESPACE
     ['physics: double well, function draft', 'physics: double well, frozen draft',
      'physics: double well, frozen-correction draft']

@@ -15,7 +15,7 @@ Lennard-Jones core (so that opposite charges do not collapse) to both.
 
 Example (the Madelung constant of rock salt, from the Ewald energy of its conventional cell):
     >>> import numpy as np
-    >>> from domains.physics.coulomb import Ewald, rock_salt
+    >>> from speculate.domains.physics.coulomb import Ewald, rock_salt
     >>> X, q, box = rock_salt(n_cells=1)                       # 8 ions, nearest-neighbour distance 1
     >>> E = Ewald(box, q).energy(X[None])[0]
     >>> round(float(-E / 4), 5)                                # 4 ion pairs: E = -4 M / a

@@ -10,7 +10,7 @@ Three parts, each printed as it finishes:
 Run ``python benchmarks/physics/bench_nn.py`` and ``bench_lj.py`` for the full measurements.
 
 Example:
-    >>> from domains.physics.demo import demo
+    >>> from speculate.domains.physics.demo import demo
     >>> demo(["--part", "1", "--replicas", "4000"])           # doctest: +SKIP
     0
 """

@@ -8,7 +8,7 @@ step in closed form with the normal CDF. It is the exact reference for conforman
 basis of the power calculations of the statistical tests.
 
 Example:
-    >>> from domains.physics import DoubleWell, Langevin
+    >>> from speculate.domains.physics import DoubleWell, Langevin
     >>> law = binned_path_law(Langevin(force=DoubleWell(), dt=0.05), x0=0.0, edges=[0.0], n=2)
     >>> sorted(law), round(sum(law.values()), 12)        # bins 0: x < 0, 1: x >= 0
     ([(0, 0), (0, 1), (1, 0), (1, 1)], 1.0)

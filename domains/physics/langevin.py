@@ -12,7 +12,7 @@ speculation neither adds to nor removes.
 
 Example:
     >>> import numpy as np
-    >>> from domains.physics import DoubleWell, Langevin, simulate
+    >>> from speculate.domains.physics import DoubleWell, Langevin, simulate
     >>> model = Langevin(force=DoubleWell(), dt=1e-2)
     >>> traj = simulate(model, np.zeros((1, 1)), n_steps=100, seed=0)
     >>> traj.positions.shape, traj.stats.target_calls
@@ -50,7 +50,7 @@ def frozen_correction(draft: ForceFn) -> FrozenCorrection:
     """Draft with ``draft(x) + F(x_ref) - draft(x_ref)``, x_ref the last verified configuration.
 
     Example:
-        >>> from domains.physics import DoubleWell, Langevin, frozen_correction
+        >>> from speculate.domains.physics import DoubleWell, Langevin, frozen_correction
         >>> model = Langevin(force=DoubleWell(), draft_force=frozen_correction(DoubleWell(2.0)))
         >>> type(model.draft_force).__name__
         'FrozenCorrection'
@@ -78,7 +78,7 @@ class Langevin:
         dt: time step (> 0). kT: temperature in energy units (> 0). gamma: friction (> 0).
 
     Example:
-        >>> from domains.physics import DoubleWell, Langevin
+        >>> from speculate.domains.physics import DoubleWell, Langevin
         >>> Langevin(force=DoubleWell(), dt=0.02, kT=0.5).noise_scale
         0.1414213562373095
     """
@@ -280,7 +280,7 @@ def simulate(
 
     Example:
         >>> import numpy as np
-        >>> from domains.physics import DoubleWell, Langevin, simulate
+        >>> from speculate.domains.physics import DoubleWell, Langevin, simulate
         >>> traj = simulate(Langevin(force=DoubleWell(), dt=1e-2), np.zeros((4, 1, 1)), 10)
         >>> traj.positions.shape, traj.final.shape
         ((4, 11, 1, 1), (4, 1, 1))

@@ -8,7 +8,7 @@ the same potential with a short cutoff evaluated with cell lists (Numba): O(N) p
 Positions need not be wrapped into the box; every routine applies the periodic images itself.
 
 Example:
-    >>> from domains.physics.lennard_jones import LennardJones, fcc_lattice
+    >>> from speculate.domains.physics.lennard_jones import LennardJones, fcc_lattice
     >>> x0, box = fcc_lattice(n_cells=3, density=0.8)          # N = 4 * 3**3 = 108 particles
     >>> exact = LennardJones(box)                              # all pairs, cutoff L/2
     >>> draft = LennardJones(box, cutoff=2.5, method="cells")  # short cutoff, cell lists

@@ -9,7 +9,7 @@ reproduce a reference potential (energies and forces) on given configurations.
 
 Example:
     >>> import numpy as np, torch
-    >>> from domains.physics.neural import MLPPotential, TorchForce
+    >>> from speculate.domains.physics.neural import MLPPotential, TorchForce
     >>> torch.manual_seed(0) and None
     >>> force = TorchForce(MLPPotential(d=2, width=32, depth=2))
     >>> force(np.zeros((3, 1, 2))).shape                 # B=3 configurations of N=1 particle in 2-D

@@ -20,7 +20,7 @@ call yields that force.
 
 Example:
     >>> import numpy as np
-    >>> from domains.physics import DoubleWell, Langevin, speculative_simulate
+    >>> from speculate.domains.physics import DoubleWell, Langevin, speculative_simulate
     >>> model = Langevin(force=DoubleWell(), draft_force="frozen", dt=1e-3)
     >>> traj = speculative_simulate(model, np.zeros((1, 1)), n_steps=200, lookahead=8, seed=0)
     >>> traj.positions.shape, traj.stats.calls_per_step < 0.3
@@ -225,7 +225,7 @@ def speculative_simulate(
 
     Example:
         >>> import numpy as np
-        >>> from domains.physics import DoubleWell, Langevin, speculative_simulate
+        >>> from speculate.domains.physics import DoubleWell, Langevin, speculative_simulate
         >>> model = Langevin(force=DoubleWell(), draft_force=DoubleWell(tilt=3.0), dt=1e-2)
         >>> traj = speculative_simulate(model, np.zeros((3, 1, 1)), 50, lookahead=4, seed=1)
         >>> traj.positions.shape, 0.5 < traj.stats.acceptance_rate < 1

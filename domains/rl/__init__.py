@@ -1,6 +1,6 @@
 """Speculative rollouts for gymnasium environments with an expensive policy (see README.md).
 
->>> from domains.rl import speculative_rollout, speculative_rollouts, distill_policy
+>>> from speculate.domains.rl import speculative_rollout, speculative_rollouts, distill_policy
 """
 
 from .distill import DistillReport, distill_policy

@@ -7,7 +7,7 @@
 3. :func:`behaviour_clone`: fits any torch policy (e.g. a 10M-parameter MLP) to the teacher's action
    distributions on states the teacher visits (cross-entropy with soft labels), so the big policy
    stays stochastic.
-4. :func:`domains.rl.distill_policy` then distils a small draft from the big policy.
+4. :func:`speculate.domains.rl.distill_policy` then distils a small draft from the big policy.
 
 >>> w, log = search_linear_controller(seed=0, iterations=30)
 >>> log[-1]["return"]

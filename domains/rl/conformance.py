@@ -1,10 +1,10 @@
 """Conformance cases of the RL domain: speculative rollouts on slippery FrozenLake vs the exact law.
 
-Each case draws ``n`` independent episodes from :func:`domains.rl.speculative_rollouts` (a random
+Each case draws ``n`` independent episodes from :func:`speculate.domains.rl.speculative_rollouts` (a random
 stochastic tabular policy, a perturbed draft, the environment's own slippery transitions) and
 reduces each to its first two (action, observation) pairs ``(o_0, a_1, o_1, a_2, o_2)``; the law of
 that outcome is computed exactly from the policy and ``env.unwrapped.P``
-(:func:`domains.rl.exact.trajectory_law`). With ``max_steps=3`` and ``lookahead=2`` the first round
+(:func:`speculate.domains.rl.exact.trajectory_law`). With ``max_steps=3`` and ``lookahead=2`` the first round
 drafts two steps, so the outcome covers a full round's decision (both drafts, the verifier's draw and
 its environment step) and the start of the next round.
 

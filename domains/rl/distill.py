@@ -7,8 +7,8 @@ the policy's action distributions (one batched call per chunk), and fits the dra
 divergence, then reports alpha before and after on held-out states of fresh policy rollouts.
 
 >>> import gymnasium as gym, torch
->>> from domains.rl import distill_policy
->>> from domains.rl.models import MLPPolicy
+>>> from speculate.domains.rl import distill_policy
+>>> from speculate.domains.rl.models import MLPPolicy
 >>> _ = torch.manual_seed(0)
 >>> teacher = MLPPolicy(4, 2, hidden=(32,)).eval()
 >>> student = MLPPolicy(4, 2, hidden=(8,))

@@ -7,7 +7,7 @@ is a finite sum over paths; :func:`trajectory_law` computes it (in floating poin
 environment's own probabilities).
 
 >>> import gymnasium as gym, numpy as np
->>> from domains.rl.exact import trajectory_law, trajectory_key
+>>> from speculate.domains.rl.exact import trajectory_law, trajectory_key
 >>> env = gym.make("FrozenLake-v1", is_slippery=True)
 >>> law = trajectory_law(env, np.full((16, 4), 0.25), steps=2)
 >>> round(float(sum(law.values())), 12)

@@ -1,7 +1,7 @@
-"""Small torch policy networks that follow the policy protocol (domains.rl.policies).
+"""Small torch policy networks that follow the policy protocol (speculate.domains.rl.policies).
 
 >>> import torch
->>> from domains.rl.models import MLPPolicy, GaussianMLPPolicy
+>>> from speculate.domains.rl.models import MLPPolicy, GaussianMLPPolicy
 >>> pi = MLPPolicy(obs_dim=4, n_actions=2, hidden=(32, 32))
 >>> pi(torch.zeros(5, 4)).shape                  # logits [N, n_actions]
 torch.Size([5, 2])

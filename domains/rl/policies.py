@@ -21,7 +21,7 @@ Sampling is done by the library with its own seeded generator; a policy must be 
 function of the observations (no dropout or batch-norm in training mode).
 
 >>> import numpy as np, gymnasium as gym
->>> from domains.rl.policies import TabularPolicy, action_distributions
+>>> from speculate.domains.rl.policies import TabularPolicy, action_distributions
 >>> env = gym.make("FrozenLake-v1")
 >>> pi = TabularPolicy(np.full((16, 4), 0.25))
 >>> d = action_distributions(pi, np.array([0, 5]), env.action_space)

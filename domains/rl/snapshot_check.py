@@ -1,9 +1,9 @@
 """Check that an environment's snapshot is exact: restored runs are bit-identical to uninterrupted ones.
 
-Use it on your own environment after :func:`domains.rl.register_snapshot`:
+Use it on your own environment after :func:`speculate.domains.rl.register_snapshot`:
 
 >>> import gymnasium as gym
->>> from domains.rl import check_snapshot
+>>> from speculate.domains.rl import check_snapshot
 >>> check_snapshot(lambda: gym.make("CartPole-v1"), seed=3)
 """
 

@@ -23,7 +23,7 @@ The generic fallback is exact for environments whose dynamics read only their ow
 ``np.random.*`` module functions) is outside it and needs its own saver.
 
 >>> import gymnasium as gym
->>> from domains.rl.snapshots import snapshotter
+>>> from speculate.domains.rl.snapshots import snapshotter
 >>> env = gym.make("FrozenLake-v1")
 >>> _ = env.reset(seed=0)
 >>> snap = snapshotter(env)
@@ -255,7 +255,7 @@ def register_snapshot(
     ``subclasses=True`` applies the entry to subclasses too; only do so when subclasses add no state.
 
     >>> import numpy as np, gymnasium as gym
-    >>> from domains.rl import register_snapshot
+    >>> from speculate.domains.rl import register_snapshot
     >>> class Counter(gym.Env):
     ...     observation_space = gym.spaces.Discrete(100)
     ...     action_space = gym.spaces.Discrete(2)

@@ -1,7 +1,7 @@
 """Speculative rollouts of gymnasium environments with an expensive policy, and plain rollouts.
 
 >>> import numpy as np, gymnasium as gym
->>> from domains.rl import TabularPolicy, speculative_rollout
+>>> from speculate.domains.rl import TabularPolicy, speculative_rollout
 >>> rng = np.random.default_rng(0)
 >>> policy = TabularPolicy(rng.dirichlet(np.ones(4), size=16))
 >>> draft = TabularPolicy(0.8 * policy.probs + 0.05)
@@ -201,14 +201,14 @@ def speculative_rollouts(
     ``envs``: a ``gymnasium.vector.SyncVectorEnv`` (its sub-environments are stepped directly; reset
     it before stepping it again), a list of envs, or a list of env constructors (made and closed here).
     Each env is reset with a seed drawn from ``seed`` (the same seeds as :func:`rollouts`).
-    ``policy``/``draft``: see :mod:`domains.rl.policies`; one callable, or a list of one per env.
+    ``policy``/``draft``: see :mod:`speculate.domains.rl.policies`; one callable, or a list of one per env.
     ``verify``: ``"auto"`` (block for Discrete actions, token for Box), ``"block"`` (Sun et al.,
     Discrete only), ``"token"`` (Leviathan et al.), ``"greedy"`` (the policy's argmax action).
     ``lookahead``: drafted steps per round, or ``"auto"``. Raises :class:`SnapshotError` for an env
     that cannot be snapshotted exactly.
 
     >>> import gymnasium as gym, numpy as np
-    >>> from domains.rl import TabularPolicy, speculative_rollouts
+    >>> from speculate.domains.rl import TabularPolicy, speculative_rollouts
     >>> pi = TabularPolicy(np.full((16, 4), 0.25))
     >>> many = speculative_rollouts([lambda: gym.make("FrozenLake-v1")] * 3, pi, pi, max_steps=8)
     >>> len(many), many.stats.acceptance_rate
@@ -261,7 +261,7 @@ def speculative_rollout(
     """One speculative episode of ``env``; see :func:`speculative_rollouts` for the arguments.
 
     >>> import gymnasium as gym, numpy as np
-    >>> from domains.rl import TabularPolicy, speculative_rollout
+    >>> from speculate.domains.rl import TabularPolicy, speculative_rollout
     >>> pi = TabularPolicy(np.full((16, 4), 0.25))
     >>> traj = speculative_rollout(gym.make("FrozenLake-v1"), pi, pi, max_steps=5, seed=1)
     >>> traj.stats.target_calls <= len(traj)
@@ -293,7 +293,7 @@ def rollouts(
     The reference that :func:`speculative_rollouts` matches in distribution (same reset seeds).
 
     >>> import gymnasium as gym, numpy as np
-    >>> from domains.rl import TabularPolicy, rollouts
+    >>> from speculate.domains.rl import TabularPolicy, rollouts
     >>> out = rollouts([gym.make("FrozenLake-v1")], TabularPolicy(np.full((16, 4), 0.25)), max_steps=3)
     >>> len(out[0]) <= 3
     True

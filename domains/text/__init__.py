@@ -1,6 +1,6 @@
 """Speculative decoding for Hugging Face causal LMs: exact, batched, with reusable KV caches.
 
->>> from domains.text import SpeculativeGenerator, load_pair
+>>> from speculate.domains.text import SpeculativeGenerator, load_pair
 >>> target, draft, tok = load_pair()                                    # doctest: +SKIP
 >>> gen = SpeculativeGenerator(target, draft, lookahead=4, verify="block")  # doctest: +SKIP
 

@@ -122,7 +122,7 @@ def conformance_cases() -> list[Any]:
     """The text domain's cases for the shared exactness suite (``speculate.testing``).
 
     Each samples a batch of rows with prompts of different lengths through
-    :class:`~domains.text.SpeculativeGenerator` on tiny random Llamas, and gives the exact law of
+    :class:`~speculate.domains.text.SpeculativeGenerator` on tiny random Llamas, and gives the exact law of
     (prompt, first two tokens) from :func:`continuation_law`. A few seconds each on one CPU core.
     """
     return [

@@ -9,7 +9,7 @@ The corpus itself depends on the Python version (``Corpus.python_version`` recor
 Excluded: ``site-packages``/``dist-packages``, test suites (any directory named ``test``,
 ``tests`` or ``idle_test``) and ``pydoc_data`` (documentation text, not code).
 
->>> from domains.text.corpus import load_corpus
+>>> from speculate.domains.text.corpus import load_corpus
 >>> heldout = load_corpus("heldout")
 >>> heldout.split, len(heldout.documents) > 0
 ('heldout', True)
@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from domains.text.tokenizer import BOS_ID, EOS_ID
+from speculate.domains.text.tokenizer import BOS_ID, EOS_ID
 
 HELDOUT_FRACTION = 0.05
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",

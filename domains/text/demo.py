@@ -6,7 +6,7 @@ speculative sampling (same temperature, same number of tokens) at batch 1 and ba
 the measured acceptance and tokens per target call next to theory (``speculate.theory``).
 
 Example:
-    >>> from domains.text.demo import demo
+    >>> from speculate.domains.text.demo import demo
     >>> demo(["--quick"])                                      # doctest: +SKIP
     0
 """

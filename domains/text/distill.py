@@ -76,7 +76,7 @@ def check_vocab(target: torch.nn.Module, draft: torch.nn.Module, tokenizer=None,
                 draft_tokenizer=None) -> int:
     """Check that target and draft share a vocabulary; return the number of shared ids.
 
-    The rule is the library's one rule, ``domains.text.generator.check_vocabularies`` (the
+    The rule is the library's one rule, ``speculate.domains.text.generator.check_vocabularies`` (the
     same pairs are accepted by ``distill`` and by ``SpeculativeGenerator``): equal logit widths,
     or widths differing by padding; different tokenizers and different BOS/EOS ids are refused
     with ``ValueError``. Distillation adds one requirement: every id of the tokenizer must be
@@ -93,7 +93,7 @@ def check_vocab(target: torch.nn.Module, draft: torch.nn.Module, tokenizer=None,
     ...
     ValueError: draft vocabulary (1000 ids) and target vocabulary (259 ids) differ by more ...
     """
-    from domains.text.generator import check_vocabularies
+    from speculate.domains.text.generator import check_vocabularies
 
     check_vocabularies(target, draft, tokenizer, draft_tokenizer)
     vt, vd = logits_width(target), logits_width(draft)

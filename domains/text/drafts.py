@@ -164,8 +164,8 @@ class NgramDraft:
     """Prompt lookup: propose the continuation of the latest earlier match of the last n tokens.
 
     >>> import numpy as np
-    >>> from domains.text.process import TokenBuffer
-    >>> from domains.text.sampling import SamplingConfig
+    >>> from speculate.domains.text.process import TokenBuffer
+    >>> from speculate.domains.text.sampling import SamplingConfig
     >>> buf = TokenBuffer.from_prompts([[5, 6, 7, 8, 5, 6]], extra=4)
     >>> out, q, n = NgramDraft(max_n=2).propose(np.array([0]), buf, 3, SamplingConfig(), None, 10)
     >>> out[0, : n[0]].tolist(), q is None   # q None: point masses

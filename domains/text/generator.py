@@ -2,7 +2,7 @@
 
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
->>> from domains.text import SpeculativeGenerator
+>>> from speculate.domains.text import SpeculativeGenerator
 >>> def llama(layers, seed):
 ...     torch.manual_seed(seed)
 ...     cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,

@@ -19,8 +19,7 @@ import os
 from pathlib import Path
 
 import torch
-
-from domains.text.tokenizer import ByteTokenizer
+from speculate.domains.text.tokenizer import ByteTokenizer
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 TARGET_DIR = MODELS_DIR / "target"

@@ -342,7 +342,7 @@ class TokenBuffer:
 
 
 class Draft(Protocol):
-    """What :class:`TextProcess` needs from a draft (see ``domains.text.drafts``)."""
+    """What :class:`TextProcess` needs from a draft (see ``speculate.domains.text.drafts``)."""
 
     def reset(self, tokens: TokenBuffer, capacity: int) -> None: ...
 

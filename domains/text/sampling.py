@@ -11,7 +11,7 @@ not depend on the batch a row is in.
 ``temperature=0`` means greedy decoding: the distribution is a point mass on the first argmax.
 
 >>> import torch
->>> from domains.text.sampling import SamplingConfig, probabilities
+>>> from speculate.domains.text.sampling import SamplingConfig, probabilities
 >>> logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
 >>> [round(v, 3) for v in probabilities(logits, SamplingConfig(top_k=2))[0].tolist()]
 [0.731, 0.269, 0.0, 0.0]

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 from scipy import stats
+from speculate.domains.physics import Langevin, MuellerBrown, speculative_simulate
+from speculate.domains.physics.checks import chi2_power
 
-from domains.physics import Langevin, MuellerBrown, speculative_simulate
-from domains.physics.checks import chi2_power
 from speculate import theory
 from speculate.testing import assert_categorical_matches
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from domains.physics import DoubleWell, Langevin, frozen_correction, simulate, speculative_simulate
+from speculate.domains.physics import DoubleWell, Langevin, frozen_correction, simulate, speculative_simulate
 
 
 def wall(F_value, limit):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from speculate.domains.physics.conformance import conformance_cases
 
-from domains.physics.conformance import conformance_cases
 from speculate.testing import check_conformance
 
 CASES = conformance_cases()

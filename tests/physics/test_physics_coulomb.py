@@ -20,11 +20,11 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from speculate.domains.physics import Langevin, simulate, speculative_simulate
+from speculate.domains.physics.checks import innovations
+from speculate.domains.physics.coulomb import DebyeHueckel, Ewald, IonicFluid, ionic_fluid, rock_salt
+from speculate.domains.physics.lennard_jones import radial_distribution
 
-from domains.physics import Langevin, simulate, speculative_simulate
-from domains.physics.checks import innovations
-from domains.physics.coulomb import DebyeHueckel, Ewald, IonicFluid, ionic_fluid, rock_salt
-from domains.physics.lennard_jones import radial_distribution
 from speculate.testing import assert_continuous_matches, assert_same_continuous
 
 MADELUNG_NACL = 1.747564594633182

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from domains.physics.demo import demo
+from speculate.domains.physics.demo import demo
 
 
 def test_demo_exactness_part(capsys):

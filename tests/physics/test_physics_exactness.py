@@ -24,8 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy import stats
-
-from domains.physics import (
+from speculate.domains.physics import (
     DoubleWell,
     Langevin,
     MuellerBrown,
@@ -33,8 +32,9 @@ from domains.physics import (
     simulate,
     speculative_simulate,
 )
-from domains.physics.checks import chi2_power, innovations, ks_power_bound, path_outcomes
-from domains.physics.exact_law import binned_path_law
+from speculate.domains.physics.checks import chi2_power, innovations, ks_power_bound, path_outcomes
+from speculate.domains.physics.exact_law import binned_path_law
+
 from speculate.testing import (
     ConformanceCase,
     assert_categorical_matches,

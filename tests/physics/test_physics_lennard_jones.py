@@ -18,8 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy import stats
-
-from domains.physics import (
+from speculate.domains.physics import (
     Langevin,
     LennardJones,
     fcc_lattice,
@@ -28,7 +27,8 @@ from domains.physics import (
     simulate,
     speculative_simulate,
 )
-from domains.physics.checks import innovations, ks_power_bound
+from speculate.domains.physics.checks import innovations, ks_power_bound
+
 from speculate.testing import assert_continuous_matches, assert_same_continuous
 
 ALPHA = 1e-6 / 2

@@ -10,9 +10,8 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
-
-from domains.physics import DoubleWell, Langevin, MuellerBrown, simulate
-from domains.physics.exact_law import binned_path_law
+from speculate.domains.physics import DoubleWell, Langevin, MuellerBrown, simulate
+from speculate.domains.physics.exact_law import binned_path_law
 
 
 @pytest.mark.parametrize("name, value", [("dt", 0.0), ("dt", -1e-3), ("kT", 0.0), ("gamma", -2.0),
@@ -129,7 +128,7 @@ def test_long_run_approaches_boltzmann_law():
 def test_speculative_recording_every_few_steps_keeps_the_same_trajectory(draft):
     """record_every > 1 skips the bookkeeping of blocks that cross no recorded step: the recorded
     positions must be those of the same seeded run recorded at every step."""
-    from domains.physics import frozen_correction, speculative_simulate
+    from speculate.domains.physics import frozen_correction, speculative_simulate
 
     well = DoubleWell()
     cheap = DoubleWell(barrier=1.5)  # not a constant offset: the corrected draft is not exact either

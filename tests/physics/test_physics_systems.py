@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from domains.physics import DoubleWell, LennardJones, MuellerBrown, fcc_lattice, radial_distribution
+from speculate.domains.physics import DoubleWell, LennardJones, MuellerBrown, fcc_lattice, radial_distribution
 
 
 def numeric_force(energy, X, h=1e-6, n_particles=None):
@@ -132,7 +131,7 @@ def test_lj_torch_on_cuda_matches_cpu(lj_batch):
 
 def test_mlp_potential_force_is_minus_gradient_and_batch_consistent():
     torch = pytest.importorskip("torch")
-    from domains.physics.neural import MLPPotential, TorchForce
+    from speculate.domains.physics.neural import MLPPotential, TorchForce
 
     torch.manual_seed(0)
     f = TorchForce(MLPPotential(d=2, width=16, depth=2), dtype=torch.float64)
@@ -143,7 +142,7 @@ def test_mlp_potential_force_is_minus_gradient_and_batch_consistent():
 
 def test_fit_potential_learns_double_well():
     torch = pytest.importorskip("torch")
-    from domains.physics.neural import MLPPotential, TorchForce, fit_potential
+    from speculate.domains.physics.neural import MLPPotential, TorchForce, fit_potential
 
     torch.manual_seed(0)
     well = DoubleWell(1.0)
@@ -159,7 +158,7 @@ def test_torch_force_on_cuda_matches_cpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from domains.physics.neural import MLPPotential, TorchForce
+    from speculate.domains.physics.neural import MLPPotential, TorchForce
 
     torch.manual_seed(0)
     module = MLPPotential(d=2, width=64, depth=2)

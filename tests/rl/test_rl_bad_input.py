@@ -6,9 +6,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
-from domains.rl import SnapshotError, TabularPolicy, speculative_rollout, speculative_rollouts
-from domains.rl.models import GaussianMLPPolicy, MLPPolicy
+from speculate.domains.rl import SnapshotError, TabularPolicy, speculative_rollout, speculative_rollouts
+from speculate.domains.rl.models import GaussianMLPPolicy, MLPPolicy
 
 UNIFORM = TabularPolicy(np.full((16, 4), 0.25))
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from speculate.domains.rl import rollouts, speculative_rollouts
 
-from domains.rl import rollouts, speculative_rollouts
 from speculate.testing import assert_same_continuous, ks_sample_size
 
 ALPHA = 1e-7  # per check, as tests/_calib.py

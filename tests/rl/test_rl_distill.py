@@ -7,10 +7,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
-from domains.rl import distill_policy
-from domains.rl.distill import acceptance
-from domains.rl.models import GaussianMLPPolicy, MLPPolicy
+from speculate.domains.rl import distill_policy
+from speculate.domains.rl.distill import acceptance
+from speculate.domains.rl.models import GaussianMLPPolicy, MLPPolicy
 
 
 @pytest.mark.parametrize("loss", ["kl", "tv"])
@@ -45,7 +44,7 @@ def test_acceptance_is_one_for_identical_policies_and_errors() -> None:
 
 
 def test_behaviour_clone_fits_the_soft_linear_teacher() -> None:
-    from domains.rl.cartpole import CARTPOLE_SCALE, SoftLinearPolicy, behaviour_clone
+    from speculate.domains.rl.cartpole import CARTPOLE_SCALE, SoftLinearPolicy, behaviour_clone
 
     torch.manual_seed(0)
     teacher = SoftLinearPolicy([0.05, -0.07, 0.91, 0.40], temperature=0.05)
@@ -59,7 +58,7 @@ def test_behaviour_clone_fits_the_soft_linear_teacher() -> None:
 
 @pytest.mark.slow
 def test_demo_runs(capsys) -> None:
-    from domains.rl.demo import demo
+    from speculate.domains.rl.demo import demo
 
     assert demo(["--quick", "--no-cache"]) == 0
     out = capsys.readouterr().out

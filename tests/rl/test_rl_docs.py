@@ -8,9 +8,15 @@ import importlib
 import pytest
 
 MODULES = [
-    "domains.rl", "domains.rl.snapshots", "domains.rl.snapshot_check", "domains.rl.policies",
-    "domains.rl.speculative", "domains.rl.exact", "domains.rl.models", "domains.rl.distill",
-    "domains.rl.conformance",
+    "speculate.domains.rl",
+    "speculate.domains.rl.snapshots",
+    "speculate.domains.rl.snapshot_check",
+    "speculate.domains.rl.policies",
+    "speculate.domains.rl.speculative",
+    "speculate.domains.rl.exact",
+    "speculate.domains.rl.models",
+    "speculate.domains.rl.distill",
+    "speculate.domains.rl.conformance",
 ]
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from speculate.domains.rl import TabularPolicy, speculative_rollouts
+from speculate.domains.rl.conformance import frozenlake_pair, sample_keys
+from speculate.domains.rl.exact import trajectory_key, trajectory_law
 
-from domains.rl import TabularPolicy, speculative_rollouts
-from domains.rl.conformance import frozenlake_pair, sample_keys
-from domains.rl.exact import trajectory_key, trajectory_law
 from speculate.testing import assert_categorical_matches, chi2_sample_size
 
 ALPHA = 1e-7  # per check, as tests/_calib.py

@@ -6,8 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-
-from domains.rl import rollouts, speculative_rollouts
+from speculate.domains.rl import rollouts, speculative_rollouts
 
 DISCRETE = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "FrozenLake-v1", "Taxi-v4", "CliffWalking-v1",
             "Blackjack-v1"]

@@ -19,11 +19,11 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from speculate.domains.rl import TabularPolicy, speculative_rollouts
+from speculate.domains.rl import speculative as speculative_module
+from speculate.domains.rl.exact import trajectory_key, trajectory_law
+from speculate.domains.rl.process import RolloutProcess
 
-from domains.rl import TabularPolicy, speculative_rollouts
-from domains.rl import speculative as speculative_module
-from domains.rl.exact import trajectory_key, trajectory_law
-from domains.rl.process import RolloutProcess
 from speculate.testing import assert_categorical_matches, chi2_sample_size
 
 ALPHA = 1e-7  # per check, as tests/_calib.py

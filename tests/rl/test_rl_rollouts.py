@@ -13,8 +13,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-
-from domains.rl import TabularPolicy, rollouts, speculative_rollout, speculative_rollouts
+from speculate.domains.rl import TabularPolicy, rollouts, speculative_rollout, speculative_rollouts
 
 
 class ArgmaxOf:

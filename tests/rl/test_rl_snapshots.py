@@ -13,8 +13,7 @@ import copy
 import gymnasium as gym
 import numpy as np
 import pytest
-
-from domains.rl import SnapshotError, check_snapshot, register_snapshot, snapshotter
+from speculate.domains.rl import SnapshotError, check_snapshot, register_snapshot, snapshotter
 
 BUILTIN = [
     ("CartPole-v1", {}),

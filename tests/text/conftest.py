@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from domains.text.conformance import tiny_llama
+from speculate.domains.text.conformance import tiny_llama
 
 
 @pytest.fixture

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from speculate.domains.text.fast_llama import LeanLlama, supports
+from speculate.domains.text.process import CachedModel, check_model, model_vocab_size
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
-
-from domains.text.fast_llama import LeanLlama, supports
-from domains.text.process import CachedModel, check_model, model_vocab_size
 
 
 def _gpt2():

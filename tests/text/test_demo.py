@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from domains.text.pair import DRAFT_DIR, TARGET_DIR
+from speculate.domains.text.pair import DRAFT_DIR, TARGET_DIR
 
 pytestmark = pytest.mark.skipif(
     not (TARGET_DIR / "model.safetensors").is_file() or not (DRAFT_DIR / "model.safetensors").is_file(),
@@ -13,7 +12,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.slow
 def test_demo_quick(capsys):
-    from domains.text.demo import demo
+    from speculate.domains.text.demo import demo
 
     assert demo(["--quick"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""domains.text.distill: divergences, acceptance, on-policy sampling, training, vocabulary checks.
+"""speculate.domains.text.distill: divergences, acceptance, on-policy sampling, training, vocabulary checks.
 
 Tiny random Llama pairs built from configs (no downloads). The initialiser scale 0.2 (10x the
 usual) makes the next-byte laws peaked and context dependent, so a random draft starts far from
@@ -16,10 +16,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from tokenizers import Tokenizer, models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-from domains.text.distill import (
+from speculate.domains.text.distill import (
     DIVERGENCES,
     acceptance_rate,
     check_vocab,
@@ -28,10 +25,12 @@ from domains.text.distill import (
     sample_continuations,
     token_stream,
 )
-from domains.text.tokenizer import ByteTokenizer
+from speculate.domains.text.tokenizer import ByteTokenizer
+from tokenizers import Tokenizer, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-# the module, not the function domains.text.distill that the package exports
-distill_module = importlib.import_module("domains.text.distill")
+# the module, not the function speculate.domains.text.distill that the package exports
+distill_module = importlib.import_module("speculate.domains.text.distill")
 TEXT = (Path(distill_module.__file__).read_bytes())[:4000]
 
 

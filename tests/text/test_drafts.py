@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from speculate.domains.text.drafts import ModelDraft, NgramDraft, early_exit_model, make_draft
+from speculate.domains.text.process import TokenBuffer
+from speculate.domains.text.sampling import SamplingConfig
 from transformers import GPT2Config, GPT2LMHeadModel
-
-from domains.text.drafts import ModelDraft, NgramDraft, early_exit_model, make_draft
-from domains.text.process import TokenBuffer
-from domains.text.sampling import SamplingConfig
 
 
 def _lookup(seq, k, **kw):
@@ -96,7 +95,7 @@ def test_a_copy_of_the_target_as_draft_is_always_accepted(arch, lookahead, make_
     equal to the target must keep every draft, over many ragged rounds, on both draft cache paths."""
     import copy
 
-    from domains.text.generator import SpeculativeGenerator
+    from speculate.domains.text.generator import SpeculativeGenerator
 
     target = make_llama(vocab=24, init_std=0.2) if arch.startswith("llama") else _qwen2()
     gen = SpeculativeGenerator(target, copy.deepcopy(target), lookahead=lookahead, verify="token")

@@ -7,8 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-
-from domains.text import SpeculativeGenerator
+from speculate.domains.text import SpeculativeGenerator
 
 
 @pytest.fixture

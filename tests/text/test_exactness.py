@@ -32,10 +32,10 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from speculate.domains.text import SpeculativeGenerator
+from speculate.domains.text.conformance import continuation_law
+from speculate.domains.text.sampling import SamplingConfig
 
-from domains.text import SpeculativeGenerator
-from domains.text.conformance import continuation_law
-from domains.text.sampling import SamplingConfig
 from speculate.testing import chi2_gof, chi2_sample_size
 
 PROMPTS = [[1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2]]  # ragged; the 2nd repeats for n-gram lookups
@@ -122,7 +122,7 @@ def test_output_law_is_the_targets_slow(make_llama, case):
 def test_output_law_with_the_embedded_pair():
     """The trained pair (byte vocabulary of 259, 12-layer target, distilled draft): the law of the
     first two bytes after a Python prompt, top-k 8 (64 cells), 20000 rows."""
-    from domains.text.pair import DRAFT_DIR, load_pair
+    from speculate.domains.text.pair import DRAFT_DIR, load_pair
 
     if not (DRAFT_DIR / "model.safetensors").is_file():
         pytest.skip("the embedded pair is not trained yet")

@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from speculate.domains.text.fast_llama import LeanLlama, lean_model, supports
+from speculate.domains.text.process import CachedModel
 from transformers import Qwen2Config, Qwen2ForCausalLM
-
-from domains.text.fast_llama import LeanLlama, lean_model, supports
-from domains.text.process import CachedModel
 
 
 @pytest.fixture(params=["sdpa-gqa", "eager-gqa", "sdpa-mha"])

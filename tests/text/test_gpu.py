@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from domains.text import SpeculativeGenerator
+from speculate.domains.text import SpeculativeGenerator
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

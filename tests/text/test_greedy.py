@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from domains.text import SpeculativeGenerator
+from speculate.domains.text import SpeculativeGenerator
 
 PROMPTS = [[1, 5, 7, 2], [3, 3, 9], [8], [4, 6, 10, 11, 0, 5, 5]]
 

@@ -13,15 +13,14 @@ import math
 
 import numpy as np
 import pytest
+import speculate.domains.text.corpus as corpus_module
+import speculate.domains.text.pair as pair_module
 import torch
+from speculate.domains.text.corpus import EXCLUDED_DIRS, load_corpus, split_of, stdlib_files
+from speculate.domains.text.distill import acceptance_rate, cross_entropy
+from speculate.domains.text.pair import DRAFT_DIR, TARGET_DIR, load_pair
+from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-import domains.text.corpus as corpus_module
-import domains.text.pair as pair_module
-from domains.text.corpus import EXCLUDED_DIRS, load_corpus, split_of, stdlib_files
-from domains.text.distill import acceptance_rate, cross_entropy
-from domains.text.pair import DRAFT_DIR, TARGET_DIR, load_pair
-from domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
 
 # Recorded by `python benchmarks/text/train_pair.py --size small` (see MODELS.md), on the
 # 16 x 256-byte held-out windows used below.

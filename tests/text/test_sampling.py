@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from speculate.domains.text.sampling import SamplingConfig, probabilities, transform_logits
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-
-from domains.text.sampling import SamplingConfig, probabilities, transform_logits
 
 
 @pytest.mark.parametrize("t,k,p", [(1.0, None, 0.9), (0.7, 5, None), (1.3, 10, 0.5),

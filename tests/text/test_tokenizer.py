@@ -6,13 +6,12 @@ import doctest
 import json
 
 import pytest
+import speculate.domains.text.tokenizer as tokenizer_module
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
 from transformers import AutoTokenizer
-
-import domains.text.tokenizer as tokenizer_module
-from domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
 
 
 @pytest.fixture(scope="module")

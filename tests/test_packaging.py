@@ -1,0 +1,59 @@
+"""The install layout: one top-level package (speculate), the domains under speculate.domains, py.typed.
+
+The repository keeps the domains in its top-level ``domains/`` folder and pyproject.toml maps it to
+``speculate.domains``. An editable install finds a package folder even when the list in
+pyproject.toml forgets it, so these checks read the list and the tree directly: a forgotten
+package would be missing from a wheel while every other test still passed.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def _folder(package: str) -> Path:
+    """The folder pyproject.toml maps ``package`` to (longest package-dir prefix wins)."""
+    dirs = CONFIG.get("package-dir", {})
+    parts = package.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in dirs:
+            return ROOT / dirs[prefix] / Path(*parts[n:])
+    return ROOT / Path(*parts)
+
+
+def test_every_package_folder_is_listed_and_every_listed_package_exists():
+    listed = set(CONFIG["packages"])
+    assert all(p == "speculate" or p.startswith("speculate.") for p in listed), listed
+    folders = {_folder(p) for p in listed}
+    for p in listed:
+        assert (_folder(p) / "__init__.py").is_file(), f"{p} is listed but {_folder(p)} has no __init__.py"
+    for top in ("speculate", "domains"):
+        for init in (ROOT / top).rglob("__init__.py"):
+            assert init.parent in folders, f"{init.parent.relative_to(ROOT)} is a package missing from pyproject.toml"
+
+
+def test_typed_marker_ships():
+    assert (ROOT / "speculate" / "py.typed").is_file()
+    assert "py.typed" in CONFIG["package-data"]["speculate"]
+
+
+def test_nothing_imports_a_top_level_domains_package():
+    """Run from the repository root, ``import domains`` would work by accident (the folder is on
+    sys.path) and fail for every installed user: only ``speculate.domains`` may be used."""
+    bad = []
+    for folder in ("speculate", "domains", "tests", "proofs", "benchmarks"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n.split(".")[0] == "domains"]
+    assert not bad, f"imports of the top-level name 'domains': {bad}"
