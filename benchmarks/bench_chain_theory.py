@@ -54,7 +54,7 @@ def stage_alphas(p: np.ndarray, q: np.ndarray, m: int) -> list[float]:
 def measure(p, q, k: int, verify: str, m: int) -> float:
     tgt = lambda states: sp.Categorical(probs=np.broadcast_to(p, (len(states), V)), validate=False)  # noqa: E731
     drf = sp.batched(lambda states: sp.Categorical(probs=np.broadcast_to(q, (len(states), V)), validate=False))
-    res = sp.chains(tgt, drf, lambda s, x: s, [0] * ROWS, k + 1, lookahead=k, verify=verify, drafts=m, rng=k)
+    res = sp.chains(tgt, drf, lambda s, x: s, [0] * ROWS, k + 1, lookahead=k, verify=verify, branches=m, rng=k)
     return res.stats.tokens_per_call
 
 

@@ -39,10 +39,10 @@ def product_law(seed):
 
 
 @pytest.mark.parametrize(
-    ("verify", "drafts", "lookahead"),
+    ("verify", "branches", "lookahead"),
     [("token", 1, 2), ("block", 1, 2), ("token", 2, 2), ("greedy", 1, 2), ("token", 1, "auto")],
 )
-def test_round_loop_rows_are_independent_and_exact(verify, drafts, lookahead):
+def test_round_loop_rows_are_independent_and_exact(verify, branches, lookahead):
     """speculate.rounds.run on 2 x 12 180 chains of an order-2 table model: the joint law of
     the first 3 outcomes of chains 2i and 2i+1 is the product of the exact target laws
     (chi-square at level 1e-6 on the 64 joint cells, small cells merged; power 0.99 against any
@@ -52,7 +52,7 @@ def test_round_loop_rows_are_independent_and_exact(verify, drafts, lookahead):
     B = 2 * PAIRS
     proc = TableProcess(P, Q, B)
     kw = {"cost_ratio": 0.1} if lookahead == "auto" else {}
-    res = run(proc, B, L, lookahead=lookahead, verify=verify, drafts=drafts, rng=11, **kw)
+    res = run(proc, B, L, lookahead=lookahead, verify=verify, branches=branches, rng=11, **kw)
     if verify == "greedy":  # argmax decoding: every chain is the same deterministic sequence
         want = [int(np.argmax(P[V, V]))]
         a, b = V, want[0]
@@ -61,7 +61,7 @@ def test_round_loop_rows_are_independent_and_exact(verify, drafts, lookahead):
             a, b = b, want[-1]
         assert all(list(s) == want for s in res.samples)
         return
-    chi2_gof(pair_counts(res.samples), product_law(seed), EPS, f"{verify} m={drafts} {lookahead}")
+    chi2_gof(pair_counts(res.samples), product_law(seed), EPS, f"{verify} m={branches} {lookahead}")
     assert res.stats.rounds >= 2
 
 

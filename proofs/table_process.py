@@ -31,7 +31,7 @@ class TableProcess:
         self.restore_rng, self._saved = restore_rng, None
         self._rng = None
 
-    def propose(self, rows, k, m, rng):
+    def propose(self, rows, k, m, need, rng):
         if self.restore_rng:
             if self._saved is None:
                 self._saved = rng.bit_generator.state
@@ -48,25 +48,26 @@ class TableProcess:
             x[..., i] = np.minimum((cdf <= u * cdf[..., -1:]).sum(-1), V - 1)
             ctx = np.stack([ctx[..., 1], x[..., i]], axis=-1)
             path[:, :, i + 1] = ctx
-        self._path = path
         q = self.Q[path[:, :, :k, 0], path[:, :, :k, 1]]  # [R, m, k, V]
         if m == 1:
-            return Proposal(x[:, 0], speculate.Categorical(probs=q[:, 0], validate=False))
-        return Proposal(x, speculate.Categorical(probs=q, validate=False))
+            return Proposal(x[:, 0], speculate.Categorical(probs=q[:, 0], validate=False), context=path)
+        return Proposal(x, speculate.Categorical(probs=q, validate=False), context=path)
 
     def score(self, rows, proposal):
-        p = self.P[self._path[..., 0], self._path[..., 1]]  # [R, m, k+1, V]
+        path = proposal.context  # [R, m, k+1, 2]
+        p = self.P[path[..., 0], path[..., 1]]  # [R, m, k+1, V]
         if p.shape[1] == 1:
             p = p[:, 0]  # [R, k+1, V]
         return speculate.Categorical(probs=p, validate=False)
 
-    def commit(self, rows, emitted, n_accepted, branch):
-        for r, e in zip(rows, emitted, strict=True):
-            for x in np.asarray(e).tolist():
+    def commit(self, rows, proposal, verdict):
+        n = verdict.n_accepted + 1  # outcomes per row: the kept drafts and the verifier's draw
+        for r, e, c in zip(rows, verdict.outcomes.tolist(), n.tolist(), strict=True):
+            for x in e[:c]:
                 self.ctx[r] = (self.ctx[r, 1], x)
         if self.restore_rng:
             self._rng.bit_generator.state = self._saved
-        return np.array([len(e) for e in emitted], np.int64), np.zeros(len(rows), bool)
+        return n, np.zeros(len(rows), bool)
 
 
 def random_tables(

@@ -5,11 +5,12 @@
 """
 
 from . import theory
-from ._single import ResidualSamplingError
 from .chain import Trajectories, Trajectory, batched, chain, chains
 from .distributions import Categorical, Distribution, Normal, PointMass, from_scipy, from_torch
 from .engine import SpeculationResult, speculate, speculative_sample
-from .rounds import Process, Proposal, Stats
+from .rounds import Process, Proposal, Verdict
+from .stats import Stats
+from .verify import ResidualSamplingError
 
 __all__ = [
     "Categorical",
@@ -23,6 +24,7 @@ __all__ = [
     "Stats",
     "Trajectories",
     "Trajectory",
+    "Verdict",
     "batched",
     "chain",
     "chains",

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from .distributions import Categorical, Normal, as_distribution
-from .rounds import Proposal, Stats, run
+from .rounds import Proposal, Verdict, run
+from .stats import Stats
 
 __all__ = ["Trajectories", "Trajectory", "batched", "chain", "chains"]
 
@@ -134,17 +135,21 @@ class _FunctionProcess:
             return _batch(self.draft(states), len(states), "draft")
         return _batch([self.draft(s) for s in states], len(states), "draft")
 
-    def propose(self, rows, k, m, rng):
+    def propose(self, rows, k, m, need, rng):
         R = len(rows)
         P = R * m  # branches, row-major: branch j of row i is pair i * m + j
         states = self.states
         paths = [[states[r]] for r in rows.tolist() for _ in range(m)]
         steps = []  # per draft step: (live pair indices or None for all, distributions, outcomes)
-        self._stopped = stopped = {}  # pair -> index of the drafted outcome that stopped it
+        stopped = {}  # pair -> index of the drafted outcome that stopped it
         step, stop = self.step, self.stop
         live: Any = range(P)
         qbuf = xbuf = None  # while every step is a Categorical over all branches: filled in place
+        # drafts each pair may use (None: all k): a chain never needs more than need - 1
+        cap = None if k < int(need.min()) else np.repeat(np.minimum(need - 1, k), m).tolist()
         for i in range(k):
+            if cap is not None:
+                live = [p for p in live if cap[p] > i]
             if not live:
                 break
             d = self._draft_step([paths[p][-1] for p in live])
@@ -177,17 +182,18 @@ class _FunctionProcess:
                     still.append(p)
             live = still
         lengths = None  # every branch drafted all k
-        if stopped:
+        if stopped or cap is not None:
             lengths = np.array([len(path) - 1 for path in paths], np.int64).reshape(R, m)
             lengths = lengths[:, 0] if m == 1 else lengths
-            for path in paths:  # pad stopped branches: the target scores k+1 states each, extras unused
+            for path in paths:  # pad short branches: the target scores k+1 states each, extras unused
                 path.extend([path[-1]] * (k + 1 - len(path)))
-        self._paths, self._m = paths, m
+        context = (paths, stopped)
         shape = (R, k) if m == 1 else (R, m, k)
         if k == 0:
-            return Proposal(np.zeros(shape, np.int64), None, lengths)
+            return Proposal(np.zeros(shape, np.int64), None, lengths, context)
         if qbuf is not None and len(steps) == k:  # every step a Categorical over every branch
-            return Proposal(xbuf.reshape(shape), Categorical._of(qbuf.reshape(*shape, qbuf.shape[2])), lengths)
+            q = Categorical._of(qbuf.reshape(*shape, qbuf.shape[2]))
+            return Proposal(xbuf.reshape(shape), q, lengths, context)
         kinds = {type(d) for _, d, _ in steps}
         if kinds == {Categorical} and len({d.num_outcomes for _, d, _ in steps}) == 1:
             V = steps[0][1].num_outcomes
@@ -196,7 +202,7 @@ class _FunctionProcess:
             for i, (lv, d, xs) in enumerate(steps):
                 lv = slice(None) if lv is None else lv
                 q[lv, i], x[lv, i] = d.probs, xs
-            return Proposal(x.reshape(shape), Categorical._of(q.reshape(*shape, V)), lengths)
+            return Proposal(x.reshape(shape), Categorical._of(q.reshape(*shape, V)), lengths, context)
         if kinds == {Normal} and len({d.event_shape for _, d, _ in steps}) == 1:
             ev = steps[0][1].event_shape
             loc, scale = np.zeros((P, k, *ev)), np.ones((P, k, *ev))
@@ -214,19 +220,20 @@ class _FunctionProcess:
                 batch_ndims=len(shape),
                 validate=False,
             )
-            return Proposal(x.reshape(*shape, *ev), q, lengths)
+            return Proposal(x.reshape(*shape, *ev), q, lengths, context)
         if m != 1:
-            raise ValueError("multi-draft (drafts > 1) needs Categorical draft distributions")
+            raise ValueError("multi-draft (branches > 1) needs Categorical draft distributions")
         qs = [[None] * k for _ in range(R)]
         xl = [[None] * k for _ in range(R)]
         for i, (lv, d, xs) in enumerate(steps):
             for t, p in enumerate(range(P) if lv is None else lv.tolist()):
                 qs[p][i] = d[t]
                 xl[p][i] = xs[t]
-        return Proposal(xl, qs, lengths)
+        return Proposal(xl, qs, lengths, context)
 
     def score(self, rows, proposal):
-        m, paths = self._m, self._paths
+        paths, _ = proposal.context
+        m = len(paths) // len(rows)
         k1 = len(paths[0])
         flat = [s for path in paths for s in path]
         shape = (len(rows), k1) if m == 1 else (len(rows), m, k1)
@@ -234,33 +241,30 @@ class _FunctionProcess:
         if isinstance(out, (Categorical, Normal)):
             return _reshape(out, shape)
         if m != 1:
-            raise ValueError("multi-draft (drafts > 1) needs Categorical target distributions")
+            raise ValueError("multi-draft (branches > 1) needs Categorical target distributions")
         return [out[i * k1 : (i + 1) * k1] for i in range(len(rows))]
 
-    def commit(self, rows, emitted, n_accepted, branch):
-        m, stop, paths, stopped, states = self._m, self.stop, self._paths, self._stopped, self.states
+    def commit(self, rows, proposal: Proposal, verdict: Verdict):
+        paths, stopped = proposal.context
+        m, stop, states = len(paths) // len(rows), self.stop, self.states
+        E = verdict.outcomes
         n_used: list[int] = []
         done: list[bool] | None = None if stop is None else []  # None: no chain can stop early
-        rows_accepted_branch = zip(rows.tolist(), emitted, n_accepted.tolist(), branch.tolist(), strict=True)
-        for i, (r, e, a, b) in enumerate(rows_accepted_branch):
+        rows_accepted_branch = zip(rows.tolist(), verdict.n_accepted.tolist(), verdict.branch.tolist(), strict=True)
+        for i, (r, a, b) in enumerate(rows_accepted_branch):
             p = i * m + b
             path = paths[p]
             stop_at = stopped.get(p)
-            if stop_at is not None and stop_at < min(len(e), a):  # a kept draft stopped the chain
+            if stop_at is not None and stop_at < a:  # a kept draft stopped the chain
                 n_used.append(stop_at + 1)
                 done.append(True)  # type: ignore[union-attr]
                 states[r] = path[stop_at + 1]
-            elif len(e) > a:  # the verifier's outcome follows the kept drafts
-                y = e[a]
-                states[r] = self.step(path[a], y)
-                n_used.append(len(e))
-                if done is not None:
-                    done.append(bool(stop(path[a], y)))
-            else:  # the chain needed no more than the kept drafts
-                n_used.append(len(e))
-                states[r] = path[len(e)]
-                if done is not None:
-                    done.append(False)
+                continue
+            y = E[i, a]  # the verifier's outcome follows the kept drafts
+            states[r] = self.step(path[a], y)
+            n_used.append(a + 1)
+            if done is not None:
+                done.append(bool(stop(path[a], y)))
         return n_used, done
 
 
@@ -273,7 +277,7 @@ def chains(
     *,
     lookahead: int | str = 4,
     verify: str = "token",
-    drafts: int = 1,
+    branches: int = 1,
     stop: Callable[[Any, Any], bool] | None = None,
     rng: int | np.random.Generator | None = None,
     max_lookahead: int = 16,
@@ -283,7 +287,7 @@ def chains(
 
     Each chain stops at ``n`` outcomes (an int, or one per chain) or at ``stop``; finished chains
     drop out without stalling the others. ``verify``: ``"token"`` (Leviathan et al.), ``"block"``
-    (Sun et al.; Categorical only), ``"greedy"`` (point-mass or argmax targets); ``drafts=m`` > 1
+    (Sun et al.; Categorical only), ``"greedy"`` (point-mass or argmax targets); ``branches=m`` > 1
     drafts m independent branches per round, verified by recursive rejection (Categorical only).
     ``lookahead``: k drafts per round, or ``"auto"``: k chosen each round from the running alpha
     and the cost ratio c (measured, or ``cost_ratio`` if given, which makes seeded runs
@@ -297,7 +301,7 @@ def chains(
         n,
         lookahead=lookahead,
         verify=verify,
-        drafts=drafts,
+        branches=branches,
         rng=rng,
         max_lookahead=max_lookahead,
         cost_ratio=cost_ratio,
@@ -314,7 +318,7 @@ def chain(
     *,
     lookahead: int | str = 4,
     verify: str = "token",
-    drafts: int = 1,
+    branches: int = 1,
     stop: Callable[[Any, Any], bool] | None = None,
     rng: int | np.random.Generator | None = None,
     max_lookahead: int = 16,
@@ -329,7 +333,7 @@ def chain(
         n,
         lookahead=lookahead,
         verify=verify,
-        drafts=drafts,
+        branches=branches,
         stop=stop,
         rng=rng,
         max_lookahead=max_lookahead,

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .verify._sample import check_probs, draw_rows
+from ._inverse_cdf import check_probs, draw_rows
 
 __all__ = [
     "Categorical",

@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._rng import as_rng
-from ._single import DEFAULT_MAX_TRIES, verify_one
 from .distributions import as_distribution
+from .verify import DEFAULT_MAX_TRIES, verify_one
 
 __all__ = ["SpeculationResult", "speculate", "speculative_sample"]
 

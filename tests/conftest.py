@@ -1,10 +1,16 @@
 """Shared test settings.
 
+Test files are named ``tests/<area>/test_<area>_<topic>.py`` (area: core, text, rl, physics; the
+proofs' checks are ``proofs/check_NN_<theorem>.py``).
+
 Statistical tests in this suite are seeded (deterministic), calibrated and powered:
-- each check runs at ALPHA = 1e-7 (tests/_calib.py), and the suite runs fewer than 200 of them, so a correct sampler
-  makes the whole suite fail with probability below 2e-5 (Bonferroni);
-- sample sizes come from speculate.testing.chi2_sample_size / ks_sample_size for the deviation
-  each test states (TV 0.01 for the core kernels, unless a test says otherwise).
+- ONE significance level, ``speculate.testing.DEFAULT_ALPHA`` (1e-6), imported as ``ALPHA``
+  everywhere; a test that makes m checks runs each at ALPHA / m (Bonferroni). The suite makes
+  fewer than 250 checks, so a correct sampler fails it with probability below 2.5e-4 for a fresh
+  seed, and the seeded runs are deterministic;
+- sample sizes come from speculate.testing.chi2_sample_size / ks_sample_size (or the power is
+  asserted with chi2_power / ks_power_bound) for the deviation each test states (TV 0.01 for the
+  core kernels, unless a test says otherwise).
 Hypothesis runs derandomized, so every run draws the same examples.
 """
 

@@ -14,7 +14,9 @@ from .gof import (
     assert_same_categorical,
     assert_same_continuous,
     chi2_gof,
+    chi2_power,
     chi2_sample_size,
+    ks_power_bound,
     ks_sample_size,
 )
 
@@ -27,7 +29,9 @@ __all__ = [
     "assert_same_continuous",
     "check_conformance",
     "chi2_gof",
+    "chi2_power",
     "chi2_sample_size",
+    "ks_power_bound",
     "ks_sample_size",
 ]
 

@@ -36,7 +36,9 @@ __all__ = [
     "assert_same_categorical",
     "assert_same_continuous",
     "chi2_gof",
+    "chi2_power",
     "chi2_sample_size",
+    "ks_power_bound",
     "ks_sample_size",
 ]
 
@@ -290,3 +292,49 @@ def ks_sample_size(d: float, *, alpha: float = DEFAULT_ALPHA, power: float = 0.9
     c_alpha = math.sqrt(-0.5 * math.log(alpha / 2))  # level alpha threshold on sqrt(n) D_n
     c_beta = math.sqrt(-0.5 * math.log((1 - power) / 2))  # the empirical CDF stays this close
     return math.ceil(((c_alpha + c_beta) / d) ** 2)
+
+
+def chi2_power(
+    null: Any, truth: Any, n: int, *, alpha: float = DEFAULT_ALPHA, two_sample: bool = False, min_expected: float = 5.0
+) -> float:
+    """Power of the chi-square checks above against one alternative: ``n`` samples (per sample) from
+    ``truth`` tested against ``null`` (``assert_categorical_matches``), or, with ``two_sample``,
+    ``n`` from each tested for homogeneity (``assert_same_categorical``).
+
+    Cells are pooled as the checks pool them (expected counts below ``min_expected``, under the
+    null, or under the pooled law for two samples); the power is the noncentral chi-square
+    approximation with noncentrality ``n sum (t - p)^2 / p`` (one sample) or
+    ``n sum (t - p)^2 / (t + p)`` (two samples) over the pooled cells.
+
+    >>> chi2_power([0.5, 0.5], [0.55, 0.45], 10_000) > 0.99    # a shift of 0.05 in 10^4 draws
+    True
+    """
+    p, t = np.asarray(null, np.float64), np.asarray(truth, np.float64)
+    if p.shape != t.shape or p.ndim != 1:
+        raise ValueError(f"null and truth must be 1-D laws of the same length, got {p.shape} and {t.shape}")
+    ref = (p + t) / 2 if two_sample else p
+    keep = ref > 0
+    p, t, ref = p[keep], t[keep], ref[keep]
+    bins = _merge(ref * n, min_expected)
+    k = int(bins.max()) + 1
+    if k < 2:
+        return 0.0
+    pb, tb = np.bincount(bins, p, k), np.bincount(bins, t, k)
+    lam = n * float(np.sum((tb - pb) ** 2 / ((tb + pb) if two_sample else pb)))
+    return float(st.ncx2.sf(st.chi2.isf(alpha, k - 1), k - 1, lam))
+
+
+def ks_power_bound(n: int, distance: float, *, alpha: float = DEFAULT_ALPHA) -> float:
+    """A lower bound on the power of the one-sample KS check (``assert_continuous_matches``) on
+    ``n`` samples whose CDF is at sup-distance ``distance`` from the null (DKW inequality): the
+    check rejects when the empirical CDF strays more than c = sqrt(log(2 / alpha) / (2 n)) from the
+    null, and it strays less than ``distance - c`` from the truth with probability at most
+    2 exp(-2 n (distance - c)^2). :func:`ks_sample_size` inverts it.
+
+    >>> ks_power_bound(300_000, 0.01) >= 0.99
+    True
+    """
+    c = math.sqrt(math.log(2.0 / alpha) / (2.0 * n))
+    if distance <= c:
+        return 0.0
+    return max(0.0, 1.0 - 2.0 * math.exp(-2.0 * n * (distance - c) ** 2))

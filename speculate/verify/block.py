@@ -17,20 +17,18 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._sample import (
-    BAD_LENGTH,
+from .._inverse_cdf import (
     NOT_FINITE,
     OK,
-    draft_probs,
     draw_residual,
     draw_residual_np,
     draw_row,
     draw_row_np,
     n_blocks,
-    outputs,
     residual_total,
     residual_total_np,
 )
+from ._shared import BAD_LENGTH, draft_probs, outputs
 
 
 @nb.njit(nogil=True, cache=True)

@@ -18,7 +18,8 @@ import math
 import numba as nb
 import numpy as np
 
-from ._sample import BAD_LENGTH, NOT_FINITE, OK
+from .._inverse_cdf import NOT_FINITE, OK
+from ._shared import BAD_LENGTH
 
 
 @nb.njit(nogil=True, cache=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._sample import BAD_INDEX, BAD_LENGTH, EMPTY, NOT_FINITE, OK, outputs
+from .._inverse_cdf import EMPTY, NOT_FINITE, OK
+from ._shared import BAD_INDEX, BAD_LENGTH, outputs
 
 
 @nb.njit(nogil=True, cache=True)

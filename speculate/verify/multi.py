@@ -18,20 +18,18 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._sample import (
-    BAD_INDEX,
-    BAD_LENGTH,
+from .._inverse_cdf import (
     NOT_FINITE,
     OK,
-    Q_ZERO,
-    _w,
     draw_row,
     draw_row_np,
     n_blocks,
     sums_np,
+    weight,
     weight_sums,
     weights_np,
 )
+from ._shared import BAD_INDEX, BAD_LENGTH, Q_ZERO
 
 
 @nb.njit(nogil=True, cache=True)
@@ -79,7 +77,7 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, bran
                 return
             if total > tiny:
                 for v in range(V):
-                    w[v] = _w(w, qrow, 1.0, Z, 1, v)
+                    w[v] = weight(w, qrow, 1.0, Z, 1, v)
                 Z = total
         if kept >= 0:
             x = drafts[b, kept, n]

@@ -14,17 +14,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._sample import (
-    BAD_LENGTH,
-    OK,
-    draft_probs,
-    draw_residual,
-    draw_residual_np,
-    draw_row,
-    draw_row_np,
-    n_blocks,
-    outputs,
-)
+from .._inverse_cdf import OK, draw_residual, draw_residual_np, draw_row, draw_row_np, n_blocks
+from ._shared import BAD_LENGTH, draft_probs, outputs
 
 
 @nb.njit(nogil=True, cache=True)

@@ -7,9 +7,9 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 import numpy as np
 import pytest
 import scipy.stats as st
-from _calib import ALPHA
 
 import speculate as sp
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import assert_categorical_matches, chi2_sample_size
 
 P = np.array([0.5, 0.3, 0.2])

@@ -1,4 +1,5 @@
-"""Inverse-CDF draws shared by every kernel, in Numba and in NumPy, bit for bit the same.
+"""Inverse-CDF draws, in Numba and in NumPy, bit for bit the same: the one sampling rule shared by
+the verification kernels (speculate.verify) and Categorical.sample (speculate.distributions).
 
 Rule: given non-negative weights w (computed in float64) and a uniform u in [0, 1), return the
 smallest j whose running sum exceeds u * sum(w); if rounding leaves no such j, the last j with
@@ -16,15 +17,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-# status codes returned by the kernels (0 = ok)
-OK, BAD_INDEX, Q_ZERO, NOT_FINITE, EMPTY, BAD_LENGTH = 0, 1, 2, 3, 4, 5
-MESSAGES = {
-    BAD_LENGTH: "lengths must lie in 0..K (the number of drafts per row)",
-    BAD_INDEX: "drafted outcome is outside 0..V-1",
-    Q_ZERO: "drafted outcome has draft probability q = 0 (it cannot have been drawn from q)",
-    NOT_FINITE: "probabilities contain NaN or inf",
-    EMPTY: "a probability row has no positive mass",
-}
+# status codes of the draws (0 = ok); speculate.verify adds its own (verify/_shared.py)
+OK, NOT_FINITE, EMPTY = 0, 3, 4
 
 _JIT = {"nogil": True, "cache": True}
 BLOCK = 256  # elements per block of partial sums (a multiple of LANES)
@@ -32,7 +26,7 @@ LANES = 8  # independent accumulators per block: breaks the floating-point add c
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _w(a, b, sa, sb, mode, j):
+def weight(a, b, sa, sb, mode, j):
     """Weight j: mode 0 -> a[j]; mode 1 -> sa * a[j] - sb * b[j]; clipped at 0, except that NaN
     and -inf give NaN (so that a non-finite input makes the sum non-finite and the caller raises)."""
     if mode == 0:
@@ -40,23 +34,6 @@ def _w(a, b, sa, sb, mode, j):
     else:
         x = sa * np.float64(a[j]) - sb * np.float64(b[j])
     return x if x > 0.0 else 0.0 * x  # 0 * -inf = NaN: branch-free, so the adds still vectorise
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def draft_probs(p, q, drafts, b, i):
-    """(p_i(x_i), q_i(x_i), status) for row b's i-th draft x_i; status is OK or why they are unusable.
-
-    Shared by the token and block kernels and, through ``draft_probs.py_func``, their NumPy twins.
-    """
-    x = drafts[b, i]
-    if x < 0 or x >= p.shape[2]:
-        return 0.0, 0.0, BAD_INDEX
-    px, qx = np.float64(p[b, i, x]), np.float64(q[b, i, x])
-    if not (np.isfinite(qx) and np.isfinite(px)):
-        return 0.0, 0.0, NOT_FINITE
-    if qx <= 0.0:
-        return 0.0, 0.0, Q_ZERO
-    return px, qx, OK
 
 
 @nb.njit(**_JIT)
@@ -76,18 +53,18 @@ def weight_sums(a, b, sa, sb, mode, bs):
         s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
         j = start
         while j + LANES <= end:
-            s0 += _w(a, b, sa, sb, mode, j)
-            s1 += _w(a, b, sa, sb, mode, j + 1)
-            s2 += _w(a, b, sa, sb, mode, j + 2)
-            s3 += _w(a, b, sa, sb, mode, j + 3)
-            s4 += _w(a, b, sa, sb, mode, j + 4)
-            s5 += _w(a, b, sa, sb, mode, j + 5)
-            s6 += _w(a, b, sa, sb, mode, j + 6)
-            s7 += _w(a, b, sa, sb, mode, j + 7)
+            s0 += weight(a, b, sa, sb, mode, j)
+            s1 += weight(a, b, sa, sb, mode, j + 1)
+            s2 += weight(a, b, sa, sb, mode, j + 2)
+            s3 += weight(a, b, sa, sb, mode, j + 3)
+            s4 += weight(a, b, sa, sb, mode, j + 4)
+            s5 += weight(a, b, sa, sb, mode, j + 5)
+            s6 += weight(a, b, sa, sb, mode, j + 6)
+            s7 += weight(a, b, sa, sb, mode, j + 7)
             j += LANES
         o = 0
         while j < end:  # the tail of the last block: offsets 0..6 go to lanes 0..6
-            x = _w(a, b, sa, sb, mode, j)
+            x = weight(a, b, sa, sb, mode, j)
             if o == 0:
                 s0 += x
             elif o == 1:
@@ -120,7 +97,7 @@ def search(a, b, sa, sb, mode, bs, t):
         if nc > t:
             last = -1
             for j in range(k * BLOCK, min(k * BLOCK + BLOCK, V)):
-                x = _w(a, b, sa, sb, mode, j)
+                x = weight(a, b, sa, sb, mode, j)
                 if x > 0.0:
                     c += x
                     last = j
@@ -129,7 +106,7 @@ def search(a, b, sa, sb, mode, bs, t):
             return last
         c = nc
     for j in range(V - 1, -1, -1):  # rounding put t past the total: the last positive weight
-        if _w(a, b, sa, sb, mode, j) > 0.0:
+        if weight(a, b, sa, sb, mode, j) > 0.0:
             return j
     return -1
 
@@ -191,17 +168,10 @@ def check_probs(probs, tol):  # probs [N, V] -> (status, row, col, sums [N]); 1 
     return 0, -1, -1, sums
 
 
-def outputs(B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Fresh (n_accepted, next_outcome, status, where) arrays for B rows, as every kernel returns."""
-    out = np.zeros((4, B), np.int64)  # one allocation, four contiguous rows
-    out[1] = -1
-    return out[0], out[1], out[2], out[3]
-
-
 # ----------------------------------------------------------------------------- NumPy twins
 def weights_np(a, b, sa: float, sb: float, mode: int) -> np.ndarray:
     x = np.asarray(a, np.float64) if mode == 0 else sa * np.asarray(a, np.float64) - sb * np.asarray(b, np.float64)
-    return np.where(x > 0.0, x, 0.0 * x)  # NaN stays NaN and -inf becomes NaN, as in _w
+    return np.where(x > 0.0, x, 0.0 * x)  # NaN stays NaN and -inf becomes NaN, as in weight
 
 
 def sums_np(w: np.ndarray) -> tuple[np.ndarray, float]:

@@ -8,9 +8,9 @@ states the deviation each case can detect (ConformanceCase.detectable_tv) and re
 import importlib
 
 import pytest
-from _calib import ALPHA
 
 from speculate import domains
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import ConformanceCase, check_conformance
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .distributions import Categorical, Normal, PointMass, _equal_values
-from .verify import verify_gaussian, verify_token
+from ..distributions import Categorical, Normal, PointMass
+from .kernels import verify_gaussian, verify_token
 
 DEFAULT_MAX_TRIES = 100_000
 
@@ -33,7 +33,7 @@ class ResidualSamplingError(RuntimeError):
 def verify_one(p: Any, q: Any, x: Any, rng: np.random.Generator, max_tries: int = DEFAULT_MAX_TRIES) -> tuple[Any, Any]:
     """Keep ``x ~ q`` or replace it so that the result is distributed as ``p``."""
     if isinstance(p, PointMass):
-        kept = _equal_values(x, p.value)
+        kept = p.log_prob(x) == 0.0
         return (x if kept else p.value), kept
     if isinstance(p, Categorical) and isinstance(q, Categorical):
         return _categorical(p, q, x, rng)

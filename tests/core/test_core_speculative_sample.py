@@ -9,11 +9,11 @@ exact binomial test at ALPHA.
 import numpy as np
 import pytest
 import scipy.stats as st
-from _calib import ALPHA
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 import speculate as sp
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import (
     assert_categorical_matches,
     assert_continuous_matches,

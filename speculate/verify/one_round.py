@@ -1,5 +1,9 @@
-"""Route one round's verification to the right rule: Numba kernels for batched Categorical or
-equal-scale Normal proposals, the one-step rule of ``_single`` position by position otherwise.
+"""Verify one round: route it to the right kernel (batched Categorical proposals to the token,
+block, greedy or multi-draft kernel; equal-scale Normal proposals to the Gaussian reflection kernel)
+or, for any other distributions, to the one-step rule (``one_step.py``) position by position.
+
+``RULES`` is the one list of rule names; the round loop, the domains and speculate.testing import it.
+Multi-draft verification is the token rule with ``branches > 1`` (recursive rejection).
 """
 
 from __future__ import annotations
@@ -8,32 +12,29 @@ from typing import Any
 
 import numpy as np
 
-from ._single import verify_one
-from .distributions import Categorical, Normal, PointMass, as_distribution
-from .verify import (
-    _run_kernel,
-    block,
-    token,
-    verify_block,
-    verify_gaussian,
-    verify_greedy,
-    verify_multi,
-    verify_token,
-)
+from ..distributions import Categorical, Normal, PointMass, as_distribution
+from . import block, token
+from .kernels import run_kernel, verify_block, verify_gaussian, verify_greedy, verify_multi, verify_token
+from .one_step import verify_one
 
-RULES = ("token", "block", "greedy")
+RULES = ("token", "block", "greedy")  #: the verification rules; multi-draft is "token" with branches > 1
 
 
 def verify_round(target: Any, proposal: Any, rule: str, m: int, k: int, R: int, rng: np.random.Generator):
-    """Return (n_accepted [R], next outcomes (array or list), branch [R])."""
+    """Verify one round of ``R`` rows with ``m`` branches of up to ``k`` drafts each.
+
+    Returns ``(n_accepted [R], next outcomes, branch [R], route)``: the next outcomes are an array
+    ``[R, *event]`` on the kernel routes and a list on the general one; ``route`` names the rule
+    that ran ("token", "block", "greedy", "multi", "gaussian" or "general").
+    """
     lengths = _lengths(proposal.lengths, R, m, k)
     if isinstance(target, Categorical) and (proposal.dists is None or isinstance(proposal.dists, Categorical)):
         return _categorical(target, proposal, rule, m, k, R, lengths, rng)
     if isinstance(target, Normal) and isinstance(proposal.dists, Normal):
         if rule != "token" or m != 1:
             raise ValueError(
-                f"verify={rule!r} with drafts={m} needs Categorical distributions; Normal transitions "
-                "are verified token-wise (verify='token', drafts=1)"
+                f"verify={rule!r} with branches={m} needs Categorical distributions; Normal transitions "
+                "are verified token-wise (verify='token', branches=1)"
             )
         return _normal(target, proposal, k, R, lengths, rng)
     if rule == "block" or m != 1:
@@ -74,9 +75,9 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
         raise ValueError(f"drafted outcomes must have shape {oshape}, got {outcomes.shape}")
     if rule == "greedy":
         if m != 1:
-            raise ValueError("greedy verification takes one draft branch (drafts=1)")
+            raise ValueError("greedy verification takes one draft branch (branches=1)")
         n, nxt = verify_greedy(p, outcomes, lengths)
-        return n, nxt, np.zeros(R, np.int64)
+        return n, nxt, np.zeros(R, np.int64), "greedy"
     q = _draft_probs(proposal.dists, outcomes, oshape, V, p.dtype)
     u_next = rng.random(R)
     if m == 1:
@@ -84,14 +85,15 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
         if p.dtype == q.dtype and p.flags.c_contiguous and q.flags.c_contiguous and outcomes.dtype == np.int64:
             # everything is already in kernel form (shapes checked above): skip the wrapper's checks
             mod = token if rule == "token" else block
-            n, nxt = _run_kernel(mod, p, q, np.ascontiguousarray(outcomes), lengths, u_accept, u_next)
-            return n, nxt, np.zeros(R, np.int64)
+            n, nxt = run_kernel(mod, p, q, np.ascontiguousarray(outcomes), lengths, u_accept, u_next)
+            return n, nxt, np.zeros(R, np.int64), rule
         fn = verify_token if rule == "token" else verify_block
         n, nxt = fn(p, q, outcomes, lengths, u_accept, u_next, check_uniforms=False)  # fresh from rng
-        return n, nxt, np.zeros(R, np.int64)
+        return n, nxt, np.zeros(R, np.int64), rule
     if rule != "token":
-        raise ValueError(f"multi-draft (drafts={m}) uses recursive rejection: pass verify='token'")
-    return verify_multi(p, q, outcomes, lengths, rng.random((R, k, m)), u_next, check_uniforms=False)
+        raise ValueError(f"multi-draft (branches={m}) uses recursive rejection: pass verify='token'")
+    n, nxt, branch = verify_multi(p, q, outcomes, lengths, rng.random((R, k, m)), u_next, check_uniforms=False)
+    return n, nxt, branch, "multi"
 
 
 def _draft_probs(dists, outcomes, oshape, V, dtype):
@@ -148,7 +150,7 @@ def _normal(target, proposal, k, R, lengths, rng):
         rng.random((R, k)),
         rng.standard_normal((R, D)),
     )
-    return n, nxt.reshape(R, *ev), np.zeros(R, np.int64)
+    return n, nxt.reshape(R, *ev), np.zeros(R, np.int64), "gaussian"
 
 
 def _at(d: Any, r: int, i: int) -> Any:
@@ -183,7 +185,7 @@ def _general(target, proposal, rule, k, R, lengths, rng):
             p = _at(target, r, L)
             y = _greedy_value(p) if rule == "greedy" else p.sample(rng)
         n_out[r], nxt[r] = n, y
-    return n_out, nxt, np.zeros(R, np.int64)
+    return n_out, nxt, np.zeros(R, np.int64), "general"
 
 
 def _greedy_value(p: Any) -> Any:

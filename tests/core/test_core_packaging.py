@@ -9,10 +9,11 @@ package would be missing from a wheel while every other test still passed.
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 
