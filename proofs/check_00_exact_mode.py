@@ -12,21 +12,32 @@ import pytest
 from proofs.cases import constant
 from speculate.testing import exact
 from speculate.testing.exact import (
+    _checks,
     as_law,
     assert_exact_law,
     chain_joint_law,
     kernel_law,
     kernel_round_law,
+    kernels,
     round_law,
+    rules,
     speculative_law,
     to_fractions,
 )
-from speculate.verify import verify_block, verify_token
+from speculate.verify import RULES, verify_block, verify_multi, verify_token
 
 
 def test_docstring_examples_run():
-    res = doctest.testmod(exact, optionflags=doctest.ELLIPSIS)
-    assert res.failed == 0 and res.attempted >= 30
+    attempted = 0
+    for module in (exact, rules, kernels, _checks):
+        res = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert res.failed == 0, module.__name__
+        attempted += res.attempted
+    assert attempted >= 30
+
+
+def test_the_rule_names_are_the_verification_cores():
+    assert exact.RULES is RULES and not hasattr(rules, "RULES") and not hasattr(kernels, "RULES")
 
 
 @pytest.mark.parametrize(
@@ -41,8 +52,19 @@ def test_docstring_examples_run():
         (lambda: speculative_law([F(1)], [F(1, 2), F(1, 2)]), ValueError, "outcomes"),
         (lambda: round_law(constant([1, 0]), constant([1, 0]), 2, 1, "tokens"), ValueError,
          "unknown rule"),
-        (lambda: round_law(constant([1, 0]), constant([1, 0]), 2, 1, "token", m=2), ValueError,
-         "rule='multi'"),
+        (lambda: round_law(constant([1, 0]), constant([1, 0]), 2, 1, "block", branches=2), ValueError,
+         r"branches > 1 \(multi-draft\) needs rule='token'"),
+        (lambda: round_law(constant([1, 0]), constant([1, 0]), 2, 1, "multi", 2), ValueError,
+         "unknown rule 'multi'.*rule='token' with branches > 1"),
+        (lambda: round_law(constant([1, 0]), constant([1, 0]), 2, 1, branches=0), ValueError,
+         "branches = 0"),
+        (lambda: round_law(constant([1, 0]), constant([1, 0]), 2, -1), ValueError, "lookahead k"),
+        (lambda: kernel_round_law(verify_token, constant([1, 0]), constant([1, 0]), 2, 1, length=2),
+         ValueError, "length"),
+        (lambda: kernel_round_law(verify_multi, constant([1, 0]), constant([1, 0]), 2, 1, branches=2,
+                                  stop=lambda s: True), ValueError, "branches > 1"),
+        (lambda: kernel_law(verify_block, [[[0.5, 0.5]] * 2] * 2, [[[0.5, 0.5]]] * 2, [[0], [1]],
+                            "block"), ValueError, "need rule='token'"),
         (lambda: round_law(constant([1, 0]), constant([0, 1]), 2, 1, proposal=constant([1, 0])),
          ValueError, "q = 0"),
         (lambda: chain_joint_law(constant([1, 0]), constant([1, 0]), 2, 2, 1,
@@ -108,11 +130,11 @@ def test_a_kernel_reading_past_the_length_is_caught():
 
 def test_degenerate_rounds_k_zero():
     """k = 0 (no drafts): every kernel's round is one draw from the target (or its argmax)."""
-    from speculate.verify import verify_greedy, verify_multi
+    from speculate.verify import verify_greedy
 
-    for kernel, rule, m in [(verify_token, "token", 1), (verify_block, "block", 1),
-                            (verify_greedy, "greedy", 1), (verify_multi, "multi", 2)]:
-        law = kernel_round_law(kernel, T, D, 3, 0, rule, m)
-        assert law == round_law(T, D, 3, 0, rule, m)
+    for kernel, rule, branches in [(verify_token, "token", 1), (verify_block, "block", 1),
+                                   (verify_greedy, "greedy", 1), (verify_multi, "token", 2)]:
+        law = kernel_round_law(kernel, T, D, 3, 0, rule, branches)
+        assert law == round_law(T, D, 3, 0, rule, branches)
         assert law == ({(1,): F(1)} if rule == "greedy" else {(0,): F(1, 8), (1,): F(5, 8),
                                                               (2,): F(1, 4)})

@@ -15,6 +15,7 @@ from speculate.testing.exact import (
     assert_exact_law,
     chain_joint_law,
     extend_with_target,
+    kernel_law,
     kernel_round_law,
     residual,
     round_law,
@@ -38,7 +39,7 @@ def stage_acceptances(p, q, m):
 @pytest.mark.parametrize(("V", "n", "m"), [(2, 8, 2), (2, 8, 3), (3, 4, 2), (3, 4, 3), (4, 4, 2)])
 def test_one_step_rrs_is_exact_with_acceptance_one_minus_prod(V, n, m):
     for p, q in itertools.product(simplex_grid(V, n), repeat=2):
-        law = round_law(constant(p), constant(q), V, 1, "multi", m)
+        law = round_law(constant(p), constant(q), V, 1, "token", branches=m)
         assert marginal(law, 0, V) == p
         kept = sum(w for b, w in law.items() if len(b) == 2)  # the first outcome is a draft
         alphas = stage_acceptances(p, q, m)
@@ -55,8 +56,9 @@ def test_multi_draft_chains_are_exact(seed):
     T, D = random_table(seed, V), random_table(300 + seed, V)
     want = target_joint_law(T, V, 3)
     for m, k in [(2, 1), (2, 2), (3, 1)]:
-        assert_exact_law(chain_joint_law(T, D, V, 3, k, "multi", m), want, f"multi m={m} k={k}")
-        block = round_law(T, D, V, k, "multi", m)
+        assert_exact_law(chain_joint_law(T, D, V, 3, k, "token", branches=m), want,
+                         f"multi-draft branches={m} k={k}")
+        block = round_law(T, D, V, k, "token", branches=m)
         assert_exact_law(extend_with_target(block, T, V, k + 1), target_joint_law(T, V, k + 1),
                          "criterion (C)")
 
@@ -71,20 +73,37 @@ def test_kernel_multi(kernel):
     for seed in seeds:
         T, D = random_table(10 + seed, V), random_table(20 + seed, V)
         for n in lengths:
-            assert_exact_law(kernel_round_law(kernel, T, D, V, k, "multi", m, length=n),
-                             round_law(T, D, V, n, "multi", m), f"{kernel.__name__} length {n}")
+            assert_exact_law(kernel_round_law(kernel, T, D, V, k, "token", branches=m, length=n),
+                             round_law(T, D, V, n, "token", branches=m), f"{kernel.__name__} length {n}")
     T, D = random_table(12, 3), random_table(22, 3)
     m = 3 if kernel is verify_multi else 2
     law = chain_joint_law(T, D, 3, 3, 1, rule=lambda s: kernel_round_law(
-        kernel, T, D, 3, 1, "multi", m, prefix=s))
+        kernel, T, D, 3, 1, "token", branches=m, prefix=s))
     assert_exact_law(law, target_joint_law(T, 3, 3), f"{kernel.__name__} chain, m = {m}")
+
+
+def one_branch(kernel):
+    """A multi-draft kernel run with a single draft branch, behind the token kernel's signature."""
+
+    def run(p, q, drafts, lengths, u_accept, u_next):
+        n, y, branch = kernel(p[:, None], q[:, None], drafts[:, None], lengths[:, None],
+                              u_accept[:, :, None], u_next)
+        assert not branch.any()
+        return n, y
+
+    return run
 
 
 def test_kernel_multi_with_one_branch_is_token():
     V, k = 3, 2
     T, D = random_table(1, V), random_table(2, V)
-    assert kernel_round_law(verify_multi, T, D, V, k, "multi", 1) == kernel_round_law(
+    assert kernel_round_law(one_branch(verify_multi), T, D, V, k, "token") == kernel_round_law(
         verify_token, T, D, V, k, "token")
+    x0 = next(x for x in range(V) if D(())[x])  # a row the draft can propose
+    x1 = next(x for x in range(V) if D((x0,))[x])
+    p, q, drafts = [T(()), T((x0,)), T((x0, x1))], [D(()), D((x0,))], [x0, x1]
+    assert kernel_law(verify_multi, [p], [q], [drafts]) == {
+        (*key, 0): w for key, w in kernel_law(verify_token, p, q, drafts).items()}
 
 
 # ----------------------------------------------------------------------- counterexamples

@@ -2,7 +2,8 @@
 
 Thin layer over :mod:`speculate.testing.gof` (the library's goodness-of-fit toolkit) that works on
 counts and refuses to run an under-powered test. Every test here runs at level ``ALPHA = 1e-6``
-(false alarm probability per test). The checks are seeded, so each run is deterministic; with the
+(false alarm probability per test): ``speculate.testing.DEFAULT_ALPHA``, the one significance
+level of the whole test suite. The checks are seeded, so each run is deterministic; with the
 about 20 statistical tests of proofs/, the family-wise false alarm probability for a fresh seed is
 below 2e-5 (Bonferroni). Each test states the deviation it is powered for: Pearson's chi-square
 test against the exact law rejects, with probability at least ``POWER = 0.99``, every law at total
@@ -20,9 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import assert_categorical_matches, chi2_sample_size
 
-ALPHA = 1e-6
 POWER = 0.99
 
 

@@ -135,8 +135,8 @@ class _FunctionProcess:
             return _batch(self.draft(states), len(states), "draft")
         return _batch([self.draft(s) for s in states], len(states), "draft")
 
-    def propose(self, rows, k, m, need, rng):
-        R = len(rows)
+    def propose(self, rows, k, branches, need, rng):
+        R, m = len(rows), branches
         P = R * m  # branches, row-major: branch j of row i is pair i * m + j
         states = self.states
         paths = [[states[r]] for r in rows.tolist() for _ in range(m)]

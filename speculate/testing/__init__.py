@@ -1,8 +1,11 @@
 """Tools to test speculative samplers, ours and users' own pipelines.
 
-- :mod:`.gof`: goodness-of-fit and two-sample checks with stated significance and power;
+- :mod:`.gof`: goodness-of-fit and two-sample checks with stated significance and power, and
+  ``DEFAULT_ALPHA`` (1e-6), the one significance level the whole test suite uses;
 - :mod:`.strategies`: Hypothesis strategies for distributions and (p, q) pairs (needs hypothesis);
-- :mod:`.exact`: exact (fractions.Fraction) output laws of every verification rule;
+- :mod:`.exact`: exact (fractions.Fraction) output laws: :mod:`.exact.rules`, the laws of every
+  verification rule of ``speculate.verify.RULES``; :mod:`.exact.kernels`, the law of an actual
+  kernel over its uniforms;
 - :mod:`.conformance`: the exactness suite every domain runs.
 """
 

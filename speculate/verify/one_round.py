@@ -20,13 +20,14 @@ from .one_step import verify_one
 RULES = ("token", "block", "greedy")  #: the verification rules; multi-draft is "token" with branches > 1
 
 
-def verify_round(target: Any, proposal: Any, rule: str, m: int, k: int, R: int, rng: np.random.Generator):
-    """Verify one round of ``R`` rows with ``m`` branches of up to ``k`` drafts each.
+def verify_round(target: Any, proposal: Any, rule: str, branches: int, k: int, R: int, rng: np.random.Generator):
+    """Verify one round of ``R`` rows with ``branches`` (m) branches of up to ``k`` drafts each.
 
     Returns ``(n_accepted [R], next outcomes, branch [R], route)``: the next outcomes are an array
     ``[R, *event]`` on the kernel routes and a list on the general one; ``route`` names the rule
     that ran ("token", "block", "greedy", "multi", "gaussian" or "general").
     """
+    m = branches
     lengths = _lengths(proposal.lengths, R, m, k)
     if isinstance(target, Categorical) and (proposal.dists is None or isinstance(proposal.dists, Categorical)):
         return _categorical(target, proposal, rule, m, k, R, lengths, rng)

@@ -1,0 +1,471 @@
+"""The text Process: a batch of token sequences, a target LM and a draft, with reusable KV caches.
+
+Caches are position-indexed per row (the layout of gpt-fast's static cache, batched): row ``r``
+stores the keys and values of its committed tokens at slots ``0 .. length[r] - 1``; a forward pass
+writes the new tokens of row ``r`` at slots ``start[r] + j`` and attends to slots
+``<= start[r] + j`` through an explicit 4-D mask, with ``position_ids = start[r] + j``. Rolling
+back a rejected block is therefore free (``length[r]`` simply does not advance past the kept
+tokens; the stale slots are overwritten by the next round), prompts of different lengths need no
+padding inside the cache, and rows with ragged acceptance never leave holes. This works with any
+transformers causal LM that honours ``position_ids`` and a 4-D ``attention_mask`` (Llama, Mistral,
+Qwen2/3, Gemma, Phi-3, GPT-2, GPT-NeoX, ...); :func:`check_model` verifies it once per model by
+comparing cached and uncached logits.
+
+The round loop (:func:`speculate.rounds.run`) drives :class:`TextProcess` through
+``propose -> score -> commit``; verification happens only there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from transformers import Cache
+from transformers.cache_utils import DynamicLayer
+
+from speculate.distributions import Categorical
+from speculate.rounds import Proposal
+
+from .sampling import SamplingConfig, probabilities
+
+__all__ = [
+    "CachedModel",
+    "Draft",
+    "TextProcess",
+    "TokenBuffer",
+    "check_model",
+    "model_vocab_size",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# KV cache: one preallocated buffer per layer, written at per-row positions
+
+
+class _Slots:
+    """Where the current forward writes, shared by every layer of one cache."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.kv_len = 0  # keys returned to attention: slots [0, kv_len)
+        self.uniform: int | None = None  # common start slot when all rows start together
+        self.index: torch.Tensor | None = None  # [R, 1, W, 1] slot of each new token otherwise
+
+
+class _RowLayer(DynamicLayer):
+    """A cache layer of shape [B, H, capacity, D] written at per-row slots (see module doc)."""
+
+    def __init__(self, slots: _Slots) -> None:
+        super().__init__()
+        self.slots = slots
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        B, H, _, Dk = key_states.shape
+        Dv = value_states.shape[-1]
+        C = self.slots.capacity
+        self.keys = key_states.new_zeros(B, H, C, Dk)  # [B, H, C, Dk]
+        self.values = value_states.new_zeros(B, value_states.shape[1], C, Dv)  # [B, H, C, Dv]
+        self.is_initialized = True
+
+    def _grow(self) -> None:
+        C = self.slots.capacity
+        if self.keys.shape[2] >= C:
+            return
+        k = self.keys.new_zeros(*self.keys.shape[:2], C, self.keys.shape[3])
+        v = self.values.new_zeros(*self.values.shape[:2], C, self.values.shape[3])
+        k[:, :, : self.keys.shape[2]] = self.keys
+        v[:, :, : self.values.shape[2]] = self.values
+        self.keys, self.values = k, v
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self._grow()
+        s = self.slots
+        W = key_states.shape[2]
+        if s.uniform is not None:
+            self.keys[:, :, s.uniform : s.uniform + W] = key_states
+            self.values[:, :, s.uniform : s.uniform + W] = value_states
+        else:
+            idx = s.index  # [R, 1, W, 1]
+            self.keys.scatter_(2, idx.expand(-1, key_states.shape[1], -1, key_states.shape[3]),
+                               key_states.to(self.keys.dtype))
+            self.values.scatter_(2, idx.expand(-1, value_states.shape[1], -1,
+                                               value_states.shape[3]),
+                                 value_states.to(self.values.dtype))
+        return self.keys[:, :, : s.kv_len], self.values[:, :, : s.kv_len]
+
+    def get_seq_length(self) -> int:
+        # with a common start, transformers builds the causal mask itself from this query offset
+        s = self.slots
+        return s.uniform if s.uniform is not None else s.kv_len
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        s = self.slots
+        return (s.uniform + query_length if s.uniform is not None else s.kv_len), 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("position-indexed caches roll back by length, not by crop")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self.keys = self.keys[indices]
+            self.values = self.values[indices]
+
+
+def _text_config(model: Any) -> Any:
+    cfg = model.config
+    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+
+def model_vocab_size(model: Any) -> int:
+    """Number of logits the model outputs (its output embedding rows, else ``config.vocab_size``)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(_text_config(model).vocab_size)
+
+
+def _model_device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+class CachedModel:
+    """A transformers causal LM plus its position-indexed KV cache for a batch of rows.
+
+    ``length[r]`` counts the tokens of row ``r`` whose keys and values sit, correct, at slots
+    ``0 .. length[r] - 1``. :meth:`forward` writes new tokens from per-row start slots and returns
+    their logits without changing ``length``; the caller advances ``length`` by the tokens it keeps.
+
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> cfg = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    ...                   num_attention_heads=2, num_key_value_heads=2)
+    >>> lm = CachedModel(LlamaForCausalLM(cfg).eval())
+    >>> lm.reset(batch=2, capacity=8)
+    >>> lm.forward(torch.tensor([[1, 2, 3], [4, 5, 0]]), np.array([0, 0])).shape
+    torch.Size([2, 3, 16])
+    """
+
+    def __init__(self, model: Any) -> None:
+        impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(
+                f"attention implementation {impl!r} is not supported by speculate's text domain: "
+                "load the model with attn_implementation='sdpa' or 'eager'"
+            )
+        cfg = _text_config(model)
+        types = getattr(cfg, "layer_types", None)
+        if types is not None and any(t != "full_attention" for t in types):
+            raise ValueError(
+                f"{type(model).__name__} has layer types {sorted(set(types))}: only full-attention "
+                "decoder layers are supported (no sliding-window, linear or chunked attention)"
+            )
+        self.window = getattr(cfg, "sliding_window", None) if getattr(
+            cfg, "use_sliding_window", True) else None
+        self.model = model
+        self.float_mask = impl == "eager"
+        self.n_layers = int(cfg.num_hidden_layers)
+        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.length = np.zeros(0, np.int64)
+        self.slots = _Slots(0)
+        self.cache: Cache | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return _model_device(self.model)
+
+    def reset(self, batch: int, capacity: int) -> None:
+        """Empty caches for ``batch`` rows of up to ``capacity`` tokens each."""
+        if self.window is not None and capacity > self.window:
+            raise ValueError(
+                f"{type(self.model).__name__} uses a sliding attention window of {self.window} "
+                f"tokens; prompts plus new tokens ({capacity}) must fit in it"
+            )
+        self.slots = _Slots(capacity)
+        self.cache = Cache(layers=[_RowLayer(self.slots) for _ in range(self.n_layers)])
+        self.length = np.zeros(batch, np.int64)
+
+    def release(self) -> None:
+        """Free the cache buffers (the next :meth:`reset` allocates new ones)."""
+        self.cache = None
+        self.slots = _Slots(0)
+        self.length = np.zeros(0, np.int64)
+
+    def ensure_capacity(self, capacity: int) -> None:
+        """Grow the buffers (lazily, at the next forward) to hold ``capacity`` tokens per row."""
+        self.slots.capacity = max(self.slots.capacity, capacity)
+
+    def select(self, keep: np.ndarray) -> None:
+        """Keep only the rows ``keep`` (local indices, increasing) in the cache."""
+        idx = torch.as_tensor(keep, dtype=torch.long, device=self.device)
+        assert self.cache is not None
+        self.cache.batch_select_indices(idx)
+        self.length = self.length[keep]
+
+    @torch.inference_mode()
+    def forward(
+        self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False
+    ) -> torch.Tensor:
+        """Logits ``[R, W, V]`` of ``tokens`` ``[R, W]`` written at slots ``start[r] + j``.
+
+        Token ``j`` of row ``r`` attends to slots ``0 .. start[r] + j`` of its row. With
+        ``last_only`` only the last column's logits are computed (``[R, 1, V]``). When every row
+        starts at the same slot (always at batch 1) the model builds its usual causal mask (none
+        for one token), otherwise it gets an explicit 4-D mask.
+        """
+        W = tokens.shape[1]
+        dev = self.device
+        start = np.asarray(start, dtype=np.int64)
+        s = self.slots
+        top = int(start.max()) + W
+        if top > s.capacity:
+            s.capacity = top
+        s.kv_len = top
+        offs = torch.arange(W, device=dev)
+        start_t = torch.as_tensor(start, device=dev)
+        pos = start_t[:, None] + offs[None, :]  # [R, W]
+        mask = None
+        if bool((start == start[0]).all()):
+            s.uniform, s.index = int(start[0]), None
+        else:
+            s.uniform, s.index = None, pos[:, None, :, None]  # [R, 1, W, 1]
+            keys = torch.arange(top, device=dev)
+            allowed = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, T]
+            if self.float_mask:
+                dtype = next(self.model.parameters()).dtype
+                mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(
+                    ~allowed, torch.finfo(dtype).min)
+            else:
+                mask = allowed
+        kw: dict[str, Any] = {}
+        if last_only and self._has_logits_to_keep:
+            kw["logits_to_keep"] = 1
+        out = self.model(input_ids=tokens.to(dev), attention_mask=mask, position_ids=pos,
+                         past_key_values=self.cache, use_cache=True, **kw)
+        logits = out.logits
+        if last_only and not self._has_logits_to_keep:
+            logits = logits[:, -1:]
+        return logits
+
+
+@torch.inference_mode()
+def check_model(model: Any) -> None:
+    """Raise ``ValueError`` unless cached, ragged, position-indexed logits equal a full forward.
+
+    Runs once per model object and class (a few tiny forwards; the verdict is stored on the
+    model): two rows with different prompt lengths are decoded through :class:`CachedModel` and
+    compared with the model's own uncached logits.
+    """
+    key = (type(model), next(model.parameters()).dtype)
+    seen = model.__dict__.get("_speculate_check")
+    if seen is None or seen[0] != key:
+        seen = (key, _probe(model))
+        model.__dict__["_speculate_check"] = seen
+    if seen[1] is not None:
+        raise ValueError(seen[1])
+
+
+def _probe(model: Any) -> str | None:
+    name = type(model).__name__
+    V = model_vocab_size(model)
+    dev = _model_device(model)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, V, (7,), generator=g), torch.randint(0, V, (5,), generator=g)]
+    try:
+        lm = CachedModel(model)
+        lm.reset(batch=2, capacity=12)
+        # prefill 4 and 2 tokens, then a ragged block of 3 (row 1 has one stale column)
+        first = torch.stack([seqs[0][:4], torch.cat([seqs[1][:2], seqs[1][:2]])])
+        lm.forward(first, np.array([0, 0]))
+        second = torch.stack([seqs[0][4:7], seqs[1][2:5]])
+        got = [lm.forward(second, np.array([4, 2])).float().cpu()]  # [2, 3, V]
+        # one row: blocks of 1 and 2 tokens from a common start (the model's own causal mask)
+        one = CachedModel(model)
+        one.reset(batch=1, capacity=12)
+        one.forward(seqs[0][None, :4], np.array([0]))
+        a = one.forward(seqs[0][None, 4:5], np.array([4]))
+        b = one.forward(seqs[0][None, 5:7], np.array([5]))
+        got = [got[0][0], got[0][1], torch.cat([a, b], dim=1)[0].float().cpu()]
+        want = [model(input_ids=s[None].to(dev)).logits[0, -3:].float().cpu() for s in seqs]
+        want.append(want[0])
+    except Exception as e:  # an architecture that rejects position_ids or 4-D masks
+        return f"{name} cannot run with speculate's position-indexed KV cache: {e!r}"
+    dtype = next(model.parameters()).dtype
+    tol = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
+    for r in range(3):
+        scale = float(want[r].abs().max()) + 1.0
+        err = float((got[r] - want[r]).abs().max())
+        if not err <= tol * scale:
+            return (
+                f"{name} gives different logits with speculate's position-indexed KV cache "
+                f"(max abs error {err:.3g}); it probably ignores position_ids or 4-D attention "
+                "masks, which speculative decoding of ragged batches needs"
+            )
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Token bookkeeping and the Process
+
+
+@dataclass
+class TokenBuffer:
+    """Committed tokens of every row: ``ids[r, :n[r]]`` (prompt first), ``np.int64``."""
+
+    ids: np.ndarray  # [B, capacity]
+    n: np.ndarray  # [B]
+    prompt_len: np.ndarray  # [B]
+
+    @classmethod
+    def from_prompts(cls, prompts: Sequence[Sequence[int]], extra: int) -> TokenBuffer:
+        B = len(prompts)
+        lens = np.array([len(p) for p in prompts], dtype=np.int64)
+        ids = np.zeros((B, int(lens.max()) + extra), dtype=np.int64)
+        for r, p in enumerate(prompts):
+            ids[r, : len(p)] = p
+        return cls(ids=ids, n=lens.copy(), prompt_len=lens)
+
+    def block(self, rows: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
+        """``[R, width]`` tokens ``ids[r, start[r] : start[r] + width]`` (zeros past the end)."""
+        cols = start[:, None] + np.arange(width)[None, :]  # [R, width]
+        cols = np.minimum(cols, self.ids.shape[1] - 1)
+        return self.ids[rows[:, None], cols]
+
+
+class Draft(Protocol):
+    """What :class:`TextProcess` needs from a draft (see ``speculate.domains.text.drafts``)."""
+
+    def reset(self, tokens: TokenBuffer, capacity: int) -> None: ...
+
+    def select(self, keep: np.ndarray) -> None: ...
+
+    def release(self) -> None: ...
+
+    def propose(
+        self, rows: np.ndarray, tokens: TokenBuffer, k: int, cfg: SamplingConfig,
+        rng: np.random.Generator, vocab: int,
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]: ...
+
+    def advance(self, n_used: np.ndarray, n_accepted: np.ndarray) -> None: ...
+
+
+@dataclass
+class TextProcess:
+    """B token sequences, the target's cache and a draft, driven by ``speculate.rounds.run``."""
+
+    target: CachedModel
+    draft: Draft
+    tokens: TokenBuffer
+    cfg: SamplingConfig
+    eos: np.ndarray  # int64 [E]
+    max_new_tokens: int
+    vocab: int
+    prefill_time: float = 0.0
+    live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows in the caches
+    _P: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # tokens fed before drafts
+    _fed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # drafts fed this round
+
+    def start(self) -> None:
+        """Fill both caches with every prompt token but the last (the last is scored first)."""
+        B = len(self.tokens.n)
+        capacity = self.tokens.ids.shape[1] + 1
+        self.live = np.arange(B, dtype=np.int64)
+        t0 = time.perf_counter()
+        self.target.reset(B, capacity)
+        m = int(self.tokens.n.max()) - 1
+        if m > 0:
+            block = self.tokens.block(self.live, np.zeros(B, np.int64), m)
+            self.target.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=True)
+            self.target.length[:] = self.tokens.n - 1
+        self.draft.reset(self.tokens, capacity)
+        self.prefill_time = time.perf_counter() - t0
+
+    def release(self) -> None:
+        """Free both models' caches once generation is over."""
+        self.target.release()
+        self.draft.release()
+
+    def _select(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == len(self.live) and np.array_equal(rows, self.live):
+            return
+        keep = np.searchsorted(self.live, rows)
+        if np.any(keep >= len(self.live)) or not np.array_equal(self.live[keep], rows):
+            raise RuntimeError(f"rows {rows.tolist()} are not a subset of the live rows")
+        self.target.select(keep)
+        self.draft.select(keep)
+        self.live = rows
+
+    def _grow(self, k: int) -> None:
+        need = int(self.tokens.n[self.live].max()) + k + 2
+        self.target.ensure_capacity(need)
+
+    def propose(self, rows: np.ndarray, k: int, m: int, rng: np.random.Generator) -> Any:
+        if m != 1:
+            raise NotImplementedError("the text domain drafts one branch per row (m = 1)")
+        self._select(rows)
+        self._grow(k)
+        outcomes, q, lengths = self.draft.propose(
+            self.live, self.tokens, k, self.cfg, rng, self.vocab)
+        dists = None if q is None else Categorical(probs=q, validate=False)  # None: point masses
+        return Proposal(outcomes=outcomes, dists=dists, lengths=lengths)
+
+    def score(self, rows: np.ndarray, proposal: Any) -> Any:
+        self._select(rows)
+        drafts = np.asarray(proposal.outcomes, dtype=np.int64)  # [R, k]
+        R, k = drafts.shape
+        lengths = (np.full(R, k, np.int64) if proposal.lengths is None
+                   else np.asarray(proposal.lengths, dtype=np.int64))
+        t = self.tokens
+        start = self.target.length  # [R]
+        P = t.n[self.live] - start  # [R] pending tokens (>= 1)
+        W = int(P.max()) + k
+        block = t.block(self.live, start, W)  # [R, W]
+        cols = P[:, None] + np.arange(k)[None, :]  # [R, k] where the drafts go
+        valid = np.arange(k)[None, :] < lengths[:, None]
+        rr = np.repeat(np.arange(R), k).reshape(R, k)
+        block[rr[valid], cols[valid]] = drafts[valid]
+        logits = self.target.forward(torch.from_numpy(block), start)  # [R, W, V]
+        idx = torch.as_tensor(P[:, None] - 1 + np.arange(k + 1)[None, :],
+                              device=logits.device)  # [R, k+1]
+        sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, k+1, V]
+        p = probabilities(sel, self.cfg).cpu().numpy()  # [R, k+1, V] float32
+        self._P, self._fed = P, lengths
+        return Categorical(probs=p, validate=False)
+
+    def commit(
+        self, rows: np.ndarray, emitted: Any, n_accepted: np.ndarray, branch: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        self._select(rows)
+        t, rows = self.tokens, self.live
+        R = len(rows)
+        n_accepted = np.asarray(n_accepted, dtype=np.int64)
+        lens = np.fromiter((len(e) for e in emitted), np.int64, R)
+        E = int(lens.max()) if R else 0
+        block = np.zeros((R, E), np.int64)  # [R, E] emitted tokens, zero-padded
+        for i, e in enumerate(emitted):
+            block[i, : lens[i]] = e
+        budget = self.max_new_tokens - (t.n[rows] - t.prompt_len[rows])
+        n_used = np.minimum(lens, budget)
+        valid = np.arange(E)[None, :] < n_used[:, None]  # [R, E]
+        hit = valid & np.isin(block, self.eos) if len(self.eos) else np.zeros_like(valid)
+        stop = hit.any(axis=1)
+        n_used = np.where(stop, hit.argmax(axis=1) + 1, n_used)
+        valid = np.arange(E)[None, :] < n_used[:, None]
+        rr, cc = np.nonzero(valid)
+        t.ids[rows[rr], t.n[rows][rr] + cc] = block[rr, cc]
+        t.n[rows] += n_used
+        done = stop | (t.n[rows] - t.prompt_len[rows] >= self.max_new_tokens)
+        keep = np.minimum(np.minimum(self._fed, np.maximum(n_used - 1, 0)), n_accepted)
+        self.target.length += np.where(n_used > 0, self._P + keep, 0)
+        self.draft.advance(n_used, n_accepted)
+        return n_used, done
