@@ -48,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
                 draft = {"debye-hueckel": system.draft, "corrected": frozen_correction(system.draft),
                          "frozen": "frozen"}[name]
                 model = Langevin(force=system.force, draft_force=draft, dt=dt, kT=1.0, gamma=1.0)
-                tr = speculative_simulate(model, x0[None], args.steps, lookahead=args.lookahead, seed=0)
+                tr = speculative_simulate(model, x0[None], args.steps, lookahead=args.lookahead, rng=0)
                 st = tr.stats
-                rows.append({"N": len(x0), "dt": dt, "draft": name, "alpha": st.core.alpha,
+                rows.append({"N": len(x0), "dt": dt, "draft": name, "alpha": st.alpha,
                              "calls_per_step": st.calls_per_step, "exact_ms": t1 * 1e3,
                              "exact_k1_ms": t9 * 1e3, "draft_ms": td * 1e3})
-                print(f"  dt={dt:g} {name:14s} alpha={st.core.alpha:.3f} calls/step={st.calls_per_step:.3f}",
+                print(f"  dt={dt:g} {name:14s} alpha={st.alpha:.3f} calls/step={st.calls_per_step:.3f}",
                       flush=True)
     env = environment("cpu")
     md = [

@@ -47,9 +47,9 @@ def equilibrate(N: int, density: float, seed: int, device: str):
     """A melted configuration [N, 3]: 2000 cheap steps at dt 2e-4, then 200 exact ones at 1e-4."""
     x0, L = fcc_lattice(N_CELLS[N], density)
     cheap = LennardJones(L, cutoff=min(2.5, L / 2), method="cells")
-    X = simulate(Langevin(force=cheap, dt=2e-4), x0, 2000, seed=seed, record_every=2000).final
+    X = simulate(Langevin(force=cheap, dt=2e-4), x0, 2000, rng=seed, record_every=2000).final
     exact = exact_force(L, device)
-    X = simulate(Langevin(force=exact, dt=1e-4), X, 200, seed=seed + 1, record_every=200).final
+    X = simulate(Langevin(force=exact, dt=1e-4), X, 200, rng=seed + 1, record_every=200).final
     return X, L
 
 
@@ -71,29 +71,29 @@ def make_draft(spec: str, L: float):
 
 
 def measure(model: Langevin, X: np.ndarray, steps: int, lookahead, seed: int) -> dict:
-    traj = speculative_simulate(model, X, steps, lookahead=lookahead, seed=seed,
-                                record_every=steps)
-    s = traj.stats
+    sim = speculative_simulate(model, X, steps, lookahead=lookahead, rng=seed,
+                               record_every=steps)
+    s = sim.stats
     return {
-        "alpha": s.core.alpha,
+        "alpha": s.alpha,
         "acceptance_rate": s.acceptance_rate,
         "calls_per_step": s.calls_per_step,
         "accepted_per_position": s.accepted_per_position.tolist(),
         "lookahead_counts": {int(k): int(v) for k, v in s.lookahead_counts.items()},
-        "cost_ratio_c": s.core.cost_ratio,
+        "cost_ratio_c": s.cost_ratio,
         "wall_time_s": s.wall_time,
     }
 
 
 def race(model: Langevin, X: np.ndarray, steps: int, lookahead, repeats: int, seed: int) -> dict:
     plain, spec = [], []
-    speculative_simulate(model, X, 5, lookahead=lookahead, seed=seed)       # warm up
+    speculative_simulate(model, X, 5, lookahead=lookahead, rng=seed)       # warm up
     for r in range(repeats):
         t = time.perf_counter()
-        simulate(model, X, steps, seed=seed + r, record_every=steps)
+        simulate(model, X, steps, rng=seed + r, record_every=steps)
         plain.append(time.perf_counter() - t)
         t = time.perf_counter()
-        speculative_simulate(model, X, steps, lookahead=lookahead, seed=seed + r,
+        speculative_simulate(model, X, steps, lookahead=lookahead, rng=seed + r,
                              record_every=steps)
         spec.append(time.perf_counter() - t)
     ratios = [p / s for p, s in zip(plain, spec, strict=True)]

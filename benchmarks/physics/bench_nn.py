@@ -42,7 +42,7 @@ def training_set(n_replicas: int, steps: int, seed: int) -> np.ndarray:
     starts = np.array(MuellerBrown.minima)[np.arange(n_replicas) % 3][:, None, :]
     out = []
     for kT in (1.0, 2.0):
-        traj = simulate(Langevin(force=MB, dt=5e-4, kT=kT), starts, steps, seed=seed, record_every=5)
+        traj = simulate(Langevin(force=MB, dt=5e-4, kT=kT), starts, steps, rng=seed, record_every=5)
         out.append(traj.positions[:, 1:].reshape(-1, 1, 2))
     return np.concatenate(out)
 
@@ -55,7 +55,7 @@ def train(width: int, depth: int, steps: int, seed: int, log_every: int) -> tupl
     module = MLPPotential(2, width, depth, center=X.reshape(-1, 2).mean(0),
                           spread=X.reshape(-1, 2).std(0), energy_scale=float(e.std()))
     info = fit_potential(module, MB.energy, MB.force, X, steps=steps, batch=512, lr=2e-3,
-                         seed=seed, log_every=log_every)
+                         rng=seed, log_every=log_every)
     F_nn, F = TorchForce(module)(held), MB.force(held)
     info["held_out_relative_force_rmse"] = float(np.linalg.norm(F_nn - F) / np.linalg.norm(F))
     info["training_configurations"] = int(X.shape[0])
@@ -65,14 +65,14 @@ def train(width: int, depth: int, steps: int, seed: int, log_every: int) -> tupl
 def race(model: Langevin, steps: int, lookahead, repeats: int, seed: int) -> dict:
     """Interleaved plain / speculative runs of one trajectory; medians and the median ratio."""
     plain_t, spec_t, ratios, last = [], [], [], None
-    simulate(model, START, 20, seed=seed)                          # warm up (Numba compiles)
-    speculative_simulate(model, START, 20, lookahead=lookahead, seed=seed)
+    simulate(model, START, 20, rng=seed)                          # warm up (Numba compiles)
+    speculative_simulate(model, START, 20, lookahead=lookahead, rng=seed)
     for r in range(repeats):
         t = time.perf_counter()
-        simulate(model, START, steps, seed=seed + r, record_every=steps)
+        simulate(model, START, steps, rng=seed + r, record_every=steps)
         tp = time.perf_counter() - t
         t = time.perf_counter()
-        last = speculative_simulate(model, START, steps, lookahead=lookahead, seed=seed + r,
+        last = speculative_simulate(model, START, steps, lookahead=lookahead, rng=seed + r,
                                     record_every=steps)
         ts = time.perf_counter() - t
         plain_t.append(tp)
@@ -84,13 +84,13 @@ def race(model: Langevin, steps: int, lookahead, repeats: int, seed: int) -> dic
         "speculative_steps_per_s": steps / float(np.median(spec_t)),
         "speedup": float(np.median(ratios)),
         "speedups": ratios,
-        "alpha": s.core.alpha,
+        "alpha": s.alpha,
         "acceptance_rate": s.acceptance_rate,
         "calls_per_step": s.calls_per_step,
         "steps_per_call": steps / s.target_calls,
         "accepted_per_position": s.accepted_per_position.tolist(),
         "lookahead_counts": {int(k): int(v) for k, v in s.lookahead_counts.items()},
-        "cost_ratio_c": s.core.cost_ratio,
+        "cost_ratio_c": s.cost_ratio,
         "draft_time_s": s.draft_time,
         "target_time_s": s.target_time,
         "wall_time_s": s.wall_time,

@@ -7,36 +7,34 @@ steps. The trajectory is distributed exactly as the Euler-Maruyama chain with th
 
     >>> import numpy as np
     >>> from speculate.domains.physics import DoubleWell, Langevin, simulate
-    >>> traj = simulate(Langevin(force=DoubleWell(), dt=1e-2), np.zeros((1, 1)), 5, seed=0)
-    >>> traj.positions.shape
+    >>> sim = simulate(Langevin(force=DoubleWell(), dt=1e-2), np.zeros((1, 1)), 5, rng=0)
+    >>> sim.positions.shape
     (6, 1, 1)
 """
 
+from .api import Simulation, SimulationStats, simulate, speculative_simulate
 from .coulomb import DebyeHueckel, Ewald, IonicFluid, ionic_fluid, rock_salt
-from .langevin import (
-    FrozenCorrection,
-    Langevin,
-    SimulationStats,
-    Trajectory,
-    frozen_correction,
-    simulate,
-)
+from .drafts import Draft, ForceDraft, FrozenCorrection, FrozenDraft, frozen_correction
+from .langevin import Langevin
 from .lennard_jones import LennardJones, fcc_lattice, radial_distribution
 from .potentials import DoubleWell, MuellerBrown
-from .speculative import LangevinProcess, speculative_simulate
+from .process import LangevinProcess
 
 __all__ = [
     "DebyeHueckel",
     "DoubleWell",
+    "Draft",
     "Ewald",
+    "ForceDraft",
     "FrozenCorrection",
+    "FrozenDraft",
     "IonicFluid",
     "Langevin",
     "LangevinProcess",
     "LennardJones",
     "MuellerBrown",
+    "Simulation",
     "SimulationStats",
-    "Trajectory",
     "fcc_lattice",
     "frozen_correction",
     "ionic_fluid",

@@ -3,7 +3,7 @@
 Each case runs ``speculative_simulate`` on n independent replicas of a 1-D double well (one
 particle each) with lookahead 2, and makes the outcome of a replica hashable by binning
 (x_1, x_2, x_3): kept drafts, reflections and bonus draws, over one or two rounds. The exact law of the
-bins comes from numerical integration of the Gaussian transitions (``exact_law``, error below
+bins comes from numerical integration of the Gaussian transitions (``path_law``, error below
 1e-12). One case per kind of draft: a wrong force function, "frozen", and a frozen correction.
 
 Example:
@@ -19,10 +19,11 @@ import numpy as np
 
 from speculate.testing import ConformanceCase
 
-from .exact_law import binned_path_law
-from .langevin import Langevin, frozen_correction
+from .api import speculative_simulate
+from .drafts import frozen_correction
+from .langevin import Langevin
+from .path_law import binned_path_law
 from .potentials import DoubleWell
-from .speculative import speculative_simulate
 
 EDGES = (-0.6, 0.4, 1.1)
 STEPS = 3
@@ -33,9 +34,8 @@ def _case(name: str, model: Langevin, x0: float, n: int) -> ConformanceCase:
     law = binned_path_law(model, x0, EDGES, STEPS)
 
     def sample(n: int, seed: int) -> list:
-        traj = speculative_simulate(model, np.full((n, 1, 1), x0), STEPS, lookahead=LOOKAHEAD,
-                                    seed=seed)
-        paths = traj.positions[:, 1:, 0, 0]                               # [n, 3]
+        sim = speculative_simulate(model, np.full((n, 1, 1), x0), STEPS, lookahead=LOOKAHEAD, rng=seed)
+        paths = sim.positions[:, 1:, 0, 0]                                # [n, 3]
         lab = np.searchsorted(np.asarray(EDGES), paths, side="right")
         return [tuple(r) for r in lab.tolist()]
 

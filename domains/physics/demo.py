@@ -22,15 +22,16 @@ import time
 
 import numpy as np
 
-from speculate.testing import assert_categorical_matches, assert_same_categorical
+from speculate.testing import DEFAULT_ALPHA, assert_categorical_matches, assert_same_categorical
 
+from .api import simulate, speculative_simulate
 from .checks import path_outcomes
 from .conformance import EDGES, LOOKAHEAD, STEPS
-from .exact_law import binned_path_law
-from .langevin import Langevin, frozen_correction, simulate
+from .drafts import frozen_correction
+from .langevin import Langevin
 from .lennard_jones import LennardJones, fcc_lattice
+from .path_law import binned_path_law
 from .potentials import DoubleWell, MuellerBrown
-from .speculative import speculative_simulate
 
 
 def _exactness(replicas: int) -> None:
@@ -38,29 +39,29 @@ def _exactness(replicas: int) -> None:
     model = Langevin(force=well, draft_force=DoubleWell(1.0, tilt=2.0), dt=0.05)
     x0 = np.full((replicas, 1, 1), 1.4)
     law = binned_path_law(model, 1.4, EDGES, STEPS)
-    spec = speculative_simulate(model, x0, STEPS, lookahead=LOOKAHEAD, seed=1)
-    plain = simulate(model, x0, STEPS, seed=2)
+    spec = speculative_simulate(model, x0, STEPS, lookahead=LOOKAHEAD, rng=1)
+    plain = simulate(model, x0, STEPS, rng=2)
     a = path_outcomes(spec.positions[:, 1:, 0, 0], EDGES)
     b = path_outcomes(plain.positions[:, 1:, 0, 0], EDGES)
-    p_law = assert_categorical_matches(a, law, alpha=1e-6)
-    p_two = assert_same_categorical(a, b, alpha=1e-6)
+    p_law = assert_categorical_matches(a, law, alpha=DEFAULT_ALPHA)
+    p_two = assert_same_categorical(a, b, alpha=DEFAULT_ALPHA)
     print(f"1) double well, {replicas} replicas, draft = a tilted well (alpha "
-          f"{spec.stats.core.alpha:.3f}): binned (x1, x2, x3) vs exact law p = {p_law:.3f}, "
-          f"vs plain simulate p = {p_two:.3f}  (exact: both pass at alpha = 1e-6)")
+          f"{spec.stats.alpha:.3f}): binned (x1, x2, x3) vs exact law p = {p_law:.3f}, "
+          f"vs plain simulate p = {p_two:.3f}  (exact: both pass at alpha = {DEFAULT_ALPHA:g})")
 
 
 def _lennard_jones(steps: int) -> None:
     x0, L = fcc_lattice(4, 0.8)                                   # N = 256
     exact = LennardJones(L)
     cheap = LennardJones(L, cutoff=2.0, method="cells")
-    X = simulate(Langevin(force=cheap, dt=2e-4), x0, 500, seed=0, record_every=500).final
+    X = simulate(Langevin(force=cheap, dt=2e-4), x0, 500, rng=0, record_every=500).final
     print(f"2) Lennard-Jones fluid, N = {x0.shape[0]}, density 0.8, kT = 1, exact force all "
           f"pairs (cutoff L/2 = {L / 2:.2f}), lookahead 8:")
     for dt in (2e-5, 1e-4):
         for name, draft in (("frozen", "frozen"), ("corrected", frozen_correction(cheap))):
             model = Langevin(force=exact, draft_force=draft, dt=dt)
-            s = speculative_simulate(model, X, steps, lookahead=8, seed=0, record_every=steps).stats
-            print(f"   dt={dt:g} draft {name:9s}: alpha {s.core.alpha:.3f}, exact-force calls per "
+            s = speculative_simulate(model, X, steps, lookahead=8, rng=0, record_every=steps).stats
+            print(f"   dt={dt:g} draft {name:9s}: alpha {s.alpha:.3f}, exact-force calls per "
                   f"step {s.calls_per_step:.3f} (plain: 1)")
 
 
@@ -72,7 +73,7 @@ def _neural(steps: int, train_steps: int) -> None:
     torch.set_num_threads(1)
     mb = MuellerBrown(0.1)
     starts = np.array(MuellerBrown.minima)[np.arange(48) % 3][:, None, :]
-    X = simulate(Langevin(force=mb, dt=5e-4, kT=1.5), starts, 400, seed=0, record_every=4).positions
+    X = simulate(Langevin(force=mb, dt=5e-4, kT=1.5), starts, 400, rng=0, record_every=4).positions
     X = X[:, 1:].reshape(-1, 1, 2)
     torch.manual_seed(0)
     module = MLPPotential(2, 128, 3, center=X.reshape(-1, 2).mean(0), spread=X.reshape(-1, 2).std(0),
@@ -81,17 +82,17 @@ def _neural(steps: int, train_steps: int) -> None:
     force = TorchForce(module)
     start = np.array([[-0.558, 1.442]])
     model = Langevin(force=force, draft_force="frozen", dt=3e-4)
-    speculative_simulate(model, start, 20, seed=0)                # warm up
+    speculative_simulate(model, start, 20, rng=0)                # warm up
     t = time.perf_counter()
-    simulate(model, start, steps, seed=0, record_every=steps)
+    simulate(model, start, steps, rng=0, record_every=steps)
     tp = time.perf_counter() - t
     t = time.perf_counter()
-    s = speculative_simulate(model, start, steps, lookahead=8, seed=0, record_every=steps).stats
+    s = speculative_simulate(model, start, steps, lookahead=8, rng=0, record_every=steps).stats
     ts = time.perf_counter() - t
     print(f"3) MLP potential (128x3, relative force error {info['relative_force_rmse']:.3f} after "
           f"{train_steps} training steps) on Mueller-Brown, one trajectory, frozen draft, dt 3e-4:\n"
           f"   plain {steps / tp:.0f} steps/s, speculative {steps / ts:.0f} steps/s "
-          f"({tp / ts:.2f}x), alpha {s.core.alpha:.3f}, force calls per step "
+          f"({tp / ts:.2f}x), alpha {s.alpha:.3f}, force calls per step "
           f"{s.calls_per_step:.3f} (CPU, 1 thread, one run: the machine may be noisy)")
 
 

@@ -1,66 +1,41 @@
-"""The overdamped Langevin model, its Euler-Maruyama chain, and plain (sequential) simulation.
+"""The overdamped Langevin model, its Euler-Maruyama chain, and the helpers both samplers share.
 
 One Euler-Maruyama step of overdamped Langevin (Brownian) dynamics is the Gaussian transition
 
     x' ~ Normal(x + dt F(x) / gamma, scale = sqrt(2 kT dt / gamma))   (coordinates independent)
 
-``simulate`` samples this chain step by step with the exact force: one force call per step (all
-replicas of a batch in that one call). ``speculative_simulate`` (in ``speculative.py``) samples the
-SAME chain, exactly, with fewer sequential force calls. Both are exact for the discretised chain,
-not for the continuous-time SDE: the Euler-Maruyama chain has an O(dt) bias of its own, which
-speculation neither adds to nor removes.
+``simulate`` (``api.py``) samples this chain step by step with the exact force: one force call per
+step (all replicas of a batch in that one call). ``speculative_simulate`` (``api.py``, running the
+Process of ``process.py``) samples the SAME chain, exactly, with fewer sequential force calls. Both
+are exact for the discretised chain, not for the continuous-time SDE: the Euler-Maruyama chain has
+an O(dt) bias of its own, which speculation neither adds to nor removes.
 
 Example:
     >>> import numpy as np
     >>> from speculate.domains.physics import DoubleWell, Langevin, simulate
     >>> model = Langevin(force=DoubleWell(), dt=1e-2)
-    >>> traj = simulate(model, np.zeros((1, 1)), n_steps=100, seed=0)
-    >>> traj.positions.shape, traj.stats.target_calls
+    >>> sim = simulate(model, np.zeros((1, 1)), n_steps=100, rng=0)
+    >>> sim.positions.shape, sim.stats.target_calls
     ((101, 1, 1), 100)
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .drafts import Draft
 
 ForceFn = Callable[[np.ndarray], Any]
 """force(X[B, N, d]) -> forces [B, N, d] (NumPy array or torch tensor), one call for the batch."""
 
-
-@dataclass(frozen=True)
-class FrozenCorrection:
-    """A cheap force plus a frozen correction: ``draft(x) + F(x_ref) - draft(x_ref)``.
-
-    ``x_ref`` is the last configuration whose exact force is known (scored by the previous round),
-    so the correction costs no extra call of the exact force. This is the multiple-time-step
-    (RESPA) idea as a draft: the cheap short-range part moves with the particles, the expensive
-    long-range remainder is frozen for the k drafted steps. Build it with ``frozen_correction``.
-    """
-
-    draft: ForceFn
-
-
-def frozen_correction(draft: ForceFn) -> FrozenCorrection:
-    """Draft with ``draft(x) + F(x_ref) - draft(x_ref)``, x_ref the last verified configuration.
-
-    Example:
-        >>> from speculate.domains.physics import DoubleWell, Langevin, frozen_correction
-        >>> model = Langevin(force=DoubleWell(), draft_force=frozen_correction(DoubleWell(2.0)))
-        >>> type(model.draft_force).__name__
-        'FrozenCorrection'
-    """
-    if not callable(draft):
-        raise TypeError(f"frozen_correction: draft must be callable, got {type(draft).__name__}")
-    return FrozenCorrection(draft)
-
-
-DraftSpec = ForceFn | str | FrozenCorrection
+DraftSpec = Union[ForceFn, str, "Draft"]
+"""What ``Langevin(draft_force=...)`` accepts: a force function, ``"frozen"`` or ``frozen_correction(f)``."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +49,15 @@ class Langevin:
         draft_force: the cheap force used to draft steps ahead: a function with the same
             signature, ``"frozen"`` (the exact force of the last verified configuration, held
             constant over the drafted steps: no training, no extra call), or
-            ``frozen_correction(cheap)``. Only ``speculative_simulate`` uses it.
+            ``frozen_correction(cheap)``. Only ``speculative_simulate`` uses it; ``draft`` holds
+            it as one of the draft classes of ``drafts.py``.
         dt: time step (> 0). kT: temperature in energy units (> 0). gamma: friction (> 0).
 
     Example:
         >>> from speculate.domains.physics import DoubleWell, Langevin
-        >>> Langevin(force=DoubleWell(), dt=0.02, kT=0.5).noise_scale
-        0.1414213562373095
+        >>> model = Langevin(force=DoubleWell(), dt=0.02, kT=0.5)
+        >>> model.noise_scale, type(model.draft).__name__
+        (0.1414213562373095, 'FrozenDraft')
     """
 
     force: ForceFn
@@ -88,16 +65,14 @@ class Langevin:
     dt: float = 1e-3
     kT: float = 1.0
     gamma: float = 1.0
+    draft: Draft = field(init=False, repr=False, compare=False)  #: draft_force as a draft object
 
     def __post_init__(self) -> None:
+        from .drafts import as_draft  # drafts.py builds on this module's force helpers
+
         if not callable(self.force):
             raise TypeError(f"Langevin: force must be callable, got {type(self.force).__name__}")
-        d = self.draft_force
-        if not (callable(d) or isinstance(d, FrozenCorrection) or d == "frozen"):
-            raise ValueError(
-                "Langevin: draft_force must be a callable, 'frozen' or frozen_correction(f), "
-                f"got {d!r}"
-            )
+        object.__setattr__(self, "draft", as_draft(self.draft_force))
         for name in ("dt", "kT", "gamma"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
@@ -178,61 +153,6 @@ def check_steps(n_steps: Any, record_every: Any) -> None:
             raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
 
 
-@dataclass
-class SimulationStats:
-    """Counters of one run.
-
-    ``target_calls`` counts calls of the exact force (each call may hold many configurations);
-    ``calls_per_step`` = target_calls / steps is the sequential depth per simulated step;
-    ``acceptance_rate`` = accepted / proposed drafted steps; ``accepted_per_position[j]`` counts
-    (row, round) pairs that kept exactly j drafts; ``draft_truncations`` counts drafts cut short
-    by a non-finite draft force; ``core`` holds speculate.rounds.Stats of a speculative run.
-    """
-
-    steps: int = 0
-    target_calls: int = 0
-    target_configurations: int = 0
-    draft_calls: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    rounds: int = 0
-    target_time: float = 0.0
-    draft_time: float = 0.0
-    wall_time: float = 0.0
-    accepted_per_position: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    draft_truncations: int = 0
-    lookahead_counts: dict = field(default_factory=dict)
-    core: Any = None
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else float("nan")
-
-    @property
-    def calls_per_step(self) -> float:
-        return self.target_calls / self.steps if self.steps else float("nan")
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.steps / self.wall_time if self.wall_time > 0 else float("nan")
-
-
-@dataclass
-class Trajectory:
-    """A simulated trajectory.
-
-    positions: [T, N, d] ([B, T, N, d] when x0 had a batch axis), the configurations at ``steps``
-    (every ``record_every``-th step, starting with x0 at step 0). final: the last configuration,
-    [N, d] or [B, N, d]. Positions are never wrapped into a periodic box (forces apply the
-    minimum image themselves), so displacements and diffusion can be read off directly.
-    """
-
-    positions: np.ndarray
-    steps: np.ndarray
-    final: np.ndarray
-    stats: SimulationStats
-
-
 class Recorder:
     """Keeps every ``record_every``-th configuration of B rows advancing at different speeds."""
 
@@ -253,59 +173,3 @@ class Recorder:
         keep = (j < n[:, None]) & (s % self.every == 0)
         i, jj = np.nonzero(keep)
         self.positions[rows[i], s[i, jj] // self.every] = E[i, jj]
-
-    def trajectory(self, final: np.ndarray, stats: SimulationStats, batched: bool) -> Trajectory:
-        pos = self.positions if batched else self.positions[0]
-        fin = final if batched else final[0]
-        return Trajectory(positions=pos, steps=self.steps.copy(), final=fin, stats=stats)
-
-
-def simulate(
-    model: Langevin,
-    x0: Any,
-    n_steps: int,
-    seed: int | np.random.Generator | None = 0,
-    *,
-    record_every: int = 1,
-) -> Trajectory:
-    """Plain Euler-Maruyama with the exact force: one force call per step for all replicas.
-
-    Args:
-        model: the Langevin model (its draft force is not used here).
-        x0: initial configuration [N, d], or [B, N, d] for B independent replicas.
-        n_steps: number of steps. seed: int seed or numpy Generator.
-        record_every: keep every record_every-th configuration in ``positions``.
-
-    Raises ValueError naming the step when the force is not finite or has the wrong shape.
-
-    Example:
-        >>> import numpy as np
-        >>> from speculate.domains.physics import DoubleWell, Langevin, simulate
-        >>> traj = simulate(Langevin(force=DoubleWell(), dt=1e-2), np.zeros((4, 1, 1)), 10)
-        >>> traj.positions.shape, traj.final.shape
-        ((4, 11, 1, 1), (4, 1, 1))
-    """
-    if not isinstance(model, Langevin):
-        raise TypeError(f"model must be a Langevin, got {type(model).__name__}")
-    check_steps(n_steps, record_every)
-    X, batched = check_x0(x0)
-    rng = np.random.default_rng(seed)
-    rec = Recorder(X, n_steps, record_every)
-    stats = SimulationStats()
-    scale = model.noise_scale
-    t_start = time.perf_counter()
-    for t in range(n_steps):
-        t0 = time.perf_counter()
-        F, finite = evaluate_force(model.force, X, who="force", steps=t)
-        stats.target_time += time.perf_counter() - t0
-        if not finite.all():
-            b = int(np.argmin(finite))
-            raise nonfinite_error("force", F, b, t, b if batched else None)
-        X = model.mean(X, F) + scale * rng.standard_normal(X.shape)       # [B, N, d]
-        if (t + 1) % record_every == 0:
-            rec.positions[:, (t + 1) // record_every] = X
-    stats.steps = n_steps
-    stats.target_calls = n_steps
-    stats.target_configurations = n_steps * X.shape[0]
-    stats.wall_time = time.perf_counter() - t_start
-    return rec.trajectory(X, stats, batched)

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from speculate._rng import as_rng, child_seed
+
 
 class MLPPotential(nn.Module):
     """E(X[B, N, d]) = energy_scale * sum_i mlp((x_i - center) / spread): SiLU MLP, smooth forces.
@@ -95,6 +97,11 @@ class TorchForce:
             return self.module(x).to("cpu", torch.float64).numpy()
 
 
+def _torch_seed(rng: int | np.random.Generator | None) -> int:
+    gen = as_rng(rng)  # checks the argument
+    return int(rng) if isinstance(rng, (int, np.integer)) else child_seed(gen)
+
+
 def fit_potential(
     module: nn.Module,
     energy: Callable[[np.ndarray], np.ndarray],
@@ -105,13 +112,15 @@ def fit_potential(
     batch: int = 512,
     lr: float = 2e-3,
     force_weight: float = 1.0,
-    seed: int = 0,
+    rng: int | np.random.Generator | None = 0,
     log_every: int = 0,
 ) -> dict[str, float]:
     """Train ``module`` to reproduce ``energy`` and ``force`` on configurations X [M, N, d].
 
     Loss = mse(E) / var(E) + force_weight * mse(F) / mean(F^2), Adam with a cosine learning rate.
     Returns the final relative force RMSE on X (|F_nn - F| / |F| over all of X) and the time.
+    ``rng`` (an int seed, a numpy Generator or None) draws the minibatches: an int seeds the torch
+    generator directly, a Generator gives it a seed drawn from it.
     """
     X = np.asarray(X, dtype=np.float64)
     E_ref = torch.as_tensor(energy(X), dtype=torch.float32)          # [M]
@@ -120,7 +129,7 @@ def fit_potential(
     module = module.float().train()
     e_var = float(E_ref.var()) + 1e-12
     f_var = float((F_ref**2).mean()) + 1e-12
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(_torch_seed(rng))
     opt = torch.optim.Adam(module.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))

@@ -37,14 +37,14 @@ def test_nonfinite_target_at_a_reached_configuration_names_the_step(draft):
     d = "frozen" if draft == "frozen" else (lambda X: np.full_like(X, 10.0))
     model = Langevin(force=exact, draft_force=d, dt=0.01, kT=1e-12)
     with pytest.raises(ValueError, match=r"force is not finite at step 10 \(row 1, particle 0"):
-        speculative_simulate(model, np.array([[[-5.0]], [[0.05]]]), 40, lookahead=4, seed=0)
+        speculative_simulate(model, np.array([[[-5.0]], [[0.05]]]), 40, lookahead=4, rng=0)
 
 
 def test_nonfinite_target_at_an_unreached_draft_is_harmless():
     # the exact chain stays near 0; the draft jumps to x = 100 where the exact force is NaN
     model = Langevin(force=wall(0.0, 1.0), draft_force=lambda X: np.full_like(X, 1e4), dt=0.01,
                      kT=1e-6)
-    traj = speculative_simulate(model, np.zeros((3, 1, 1)), 20, lookahead=3, seed=0)
+    traj = speculative_simulate(model, np.zeros((3, 1, 1)), 20, lookahead=3, rng=0)
     assert np.isfinite(traj.positions).all() and np.abs(traj.positions).max() < 0.01
     assert traj.stats.accepted == 0
 
@@ -54,7 +54,7 @@ def test_nonfinite_draft_truncates_the_draft(corrected):
     cheap = wall(0.0, 0.2)
     draft = frozen_correction(cheap) if corrected else cheap
     model = Langevin(force=DoubleWell(), draft_force=draft, dt=0.01)
-    traj = speculative_simulate(model, np.full((4, 1, 1), 0.0), 200, lookahead=6, seed=0)
+    traj = speculative_simulate(model, np.full((4, 1, 1), 0.0), 200, lookahead=6, rng=0)
     assert np.isfinite(traj.positions).all()
     assert traj.stats.draft_truncations > 0 and traj.stats.accepted > 0
 
@@ -87,5 +87,5 @@ def test_overflowing_draft_is_cut_short_not_an_error():
     # free particle; the draft's mean x + dt F overflows to inf (F = 1.7e308, dt = 2)
     model = Langevin(force=np.zeros_like, draft_force=lambda X: np.full_like(X, 1.7e308), dt=2.0)
     with np.errstate(over="ignore"):
-        traj = speculative_simulate(model, np.zeros((2, 1, 1)), 10, lookahead=3, seed=0)
+        traj = speculative_simulate(model, np.zeros((2, 1, 1)), 10, lookahead=3, rng=0)
     assert np.isfinite(traj.positions).all() and traj.stats.draft_truncations > 0

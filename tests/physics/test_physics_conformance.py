@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from speculate.domains.physics.conformance import conformance_cases
 
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import check_conformance
 
 CASES = conformance_cases()
@@ -13,5 +14,5 @@ CASES = conformance_cases()
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_conformance_case(case):
     assert abs(sum(case.law.values()) - 1) < 1e-9
-    check_conformance(case, seed=1, alpha=1e-6 / len(CASES))
-    assert case.detectable_tv(alpha=1e-6 / len(CASES)) <= 0.04   # any deviation of TV 0.04
+    check_conformance(case, seed=1, alpha=ALPHA / len(CASES))
+    assert case.detectable_tv(alpha=ALPHA / len(CASES)) <= 0.04   # any deviation of TV 0.04

@@ -8,9 +8,9 @@ plainly, once with the Debye-Hueckel draft (about 1% of the drafts rejected) and
 frozen draft (about a quarter rejected, so that the reflection path carries many steps). The
 total energy and two g(r) shell counts per replica are compared with assert_same_continuous
 (two-sample KS on 3 features + 16 projections, Bonferroni inside), and every standardised step
-with N(0, 1). Two checks per draft at alpha = 5e-7 each. Power: each two-sample KS test catches a
-KS distance of 0.5 (a 1.35 sd shift of a Gaussian feature) with
-probability >= 0.99 (test_ionic_tests_have_power).
+with N(0, 1). Two checks per draft at ALPHA / 2 each (ALPHA = speculate.testing.DEFAULT_ALPHA).
+Power: each two-sample KS test catches a KS distance of 0.5 (a 1.35 sd shift of a Gaussian
+feature) with probability >= 0.99 (test_ionic_tests_have_power).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from speculate.domains.physics.checks import innovations
 from speculate.domains.physics.coulomb import DebyeHueckel, Ewald, IonicFluid, ionic_fluid, rock_salt
 from speculate.domains.physics.lennard_jones import radial_distribution
 
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import assert_continuous_matches, assert_same_continuous
 
 MADELUNG_NACL = 1.747564594633182
-ALPHA = 1e-6 / 2
 
 
 @pytest.mark.parametrize("n_cells", [1, 2])
@@ -114,20 +114,20 @@ def test_ionic_speculative_matches_plain(draft):
     model = Langevin(force=system.force, draft_force=system.draft if draft == "debye-hueckel" else draft,
                      dt=5e-4, kT=1.0)
     X0 = np.repeat(x0[None], 256, axis=0)
-    spec = speculative_simulate(model, X0, 20, lookahead=4, seed=31)
-    plain = simulate(model, X0, 20, seed=32)
+    spec = speculative_simulate(model, X0, 20, lookahead=4, rng=31)
+    plain = simulate(model, X0, 20, rng=32)
     if draft == "debye-hueckel":
         assert spec.stats.calls_per_step < 0.5  # the screened draft is close: most drafts are kept
     else:  # the frozen draft is rejected often: the reflection path carries a large share of the steps
-        assert spec.stats.core.rejections >= 1000
+        assert spec.stats.rejections >= 1000
     label = f"ionic fluid N=32, {draft} draft: (energy, 2 shell counts)"
-    assert_same_continuous(_features(spec.final, system), _features(plain.final, system), alpha=ALPHA, label=label)
+    assert_same_continuous(_features(spec.final, system), _features(plain.final, system), alpha=ALPHA / 2, label=label)
     z = innovations(model, spec.positions).ravel()
-    assert_continuous_matches(z, stats.norm, alpha=ALPHA, label="standardised steps")
+    assert_continuous_matches(z, stats.norm, alpha=ALPHA / 2, label="standardised steps")
 
 
 def test_ionic_tests_have_power():
-    n, per_test = 256, ALPHA / 19  # 3 features + 16 projections
+    n, per_test = 256, ALPHA / 2 / 19  # 3 features + 16 projections
     c = np.sqrt(np.log(2 / per_test) / 2) * np.sqrt(2 / n)  # two-sample KS critical value
     eps = 2 * np.sqrt(np.log(400) / (2 * n))  # each ECDF within eps/2 with probability .995
     assert c + eps <= 0.5

@@ -5,7 +5,8 @@ half started at x = +1.6 and half at -1.6 (a row-mixing bug shows as a sign erro
 so that steps 1, 2 and 8 fall in different rounds. Outcome per particle: the bins of
 (x_1, x_2, x_8) with edges (0.8, 1.0, 1.2) (the -1.6 half mirrored): 100000 paths per half.
 
-Per draft kind, 7 tests at alpha = 1e-6 / 7 each (Bonferroni), all from speculate.testing:
+Per draft kind, 7 tests at ALPHA / 7 each (Bonferroni; ALPHA = speculate.testing.DEFAULT_ALPHA), all
+from speculate.testing:
   * chi-square goodness of fit of each half's binned paths against the exact law (numerical
     integration, error < 1e-12);
   * two-sample chi-square of each half's binned paths against plain ``simulate``;
@@ -32,18 +33,20 @@ from speculate.domains.physics import (
     simulate,
     speculative_simulate,
 )
-from speculate.domains.physics.checks import chi2_power, innovations, ks_power_bound, path_outcomes
-from speculate.domains.physics.exact_law import binned_path_law
+from speculate.domains.physics.checks import innovations, path_outcomes
+from speculate.domains.physics.path_law import binned_path_law
 
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import (
     ConformanceCase,
     assert_categorical_matches,
     assert_continuous_matches,
     assert_same_categorical,
     assert_same_continuous,
+    chi2_power,
+    ks_power_bound,
 )
 
-ALPHA = 1e-6 / 7
 DT, X0, EDGES, OBS, STEPS = 0.05, 1.6, (0.8, 1.0, 1.2), (1, 2, 8), 8
 ROWS, N = 6250, 16                                   # per half: 100000 particle paths
 
@@ -84,7 +87,7 @@ def x0():
 
 @pytest.fixture(scope="module")
 def plain_paths():
-    traj = simulate(Langevin(force=WELL, dt=DT), x0(), STEPS, seed=12345)
+    traj = simulate(Langevin(force=WELL, dt=DT), x0(), STEPS, rng=12345)
     return halves(traj.positions)
 
 
@@ -92,16 +95,16 @@ def plain_paths():
                                               ("function", "auto")])
 def test_speculative_paths_have_the_exact_law(draft, lookahead, exact_law, plain_paths):
     model = Langevin(force=WELL, draft_force=DRAFTS[draft], dt=DT)
-    traj = speculative_simulate(model, x0(), STEPS, lookahead=lookahead, seed=7)
+    traj = speculative_simulate(model, x0(), STEPS, lookahead=lookahead, rng=7)
     assert 0 < traj.stats.accepted < traj.stats.proposed        # both branches are exercised
     for name, half, ref in zip(("+1.6", "-1.6"), halves(traj.positions), plain_paths, strict=True):
         label = f"{draft}, start {name}"
         outcomes = path_outcomes(half, EDGES)
-        assert_categorical_matches(outcomes, exact_law, alpha=ALPHA, label=label)
-        assert_same_categorical(outcomes, path_outcomes(ref, EDGES), alpha=ALPHA, label=label)
-        assert_same_continuous(half, ref, alpha=ALPHA, label=label)
+        assert_categorical_matches(outcomes, exact_law, alpha=ALPHA / 7, label=label)
+        assert_same_categorical(outcomes, path_outcomes(ref, EDGES), alpha=ALPHA / 7, label=label)
+        assert_same_continuous(half, ref, alpha=ALPHA / 7, label=label)
     z = innovations(model, traj.positions).ravel()                  # 1.6 million N(0, 1)
-    assert_continuous_matches(z, stats.norm, alpha=ALPHA, label=f"{draft}: standardised steps")
+    assert_continuous_matches(z, stats.norm, alpha=ALPHA / 7, label=f"{draft}: standardised steps")
 
 
 def test_the_exactness_tests_have_power(exact_law):
@@ -112,32 +115,39 @@ def test_the_exactness_tests_have_power(exact_law):
         wrong_model = Langevin(force=Scaled(WELL, c), dt=DT)
         wrong = binned_path_law(wrong_model, X0, EDGES, STEPS, observe=OBS)
         q = np.array([wrong[k] for k in keys])
-        assert chi2_power(p, q, n, ALPHA, two_sample=two_sample) >= 0.99
+        assert chi2_power(p, q, n, alpha=ALPHA / 7, two_sample=two_sample) >= 0.99
     case = ConformanceCase("paths", lambda n, seed: [], exact_law, n=n)
-    assert case.detectable_tv(alpha=ALPHA) <= 0.019
-    assert ks_power_bound(2 * n * STEPS, ALPHA, 0.0045) >= 0.99
+    assert case.detectable_tv(alpha=ALPHA / 7) <= 0.019
+    assert ks_power_bound(2 * n * STEPS, 0.0045, alpha=ALPHA / 7) >= 0.99
 
 
 def test_a_biased_sampler_is_caught(exact_law):
     """The same check on plain simulation with a 4% drift error rejects (seeded)."""
-    wrong = simulate(Langevin(force=Scaled(WELL, 1.04), dt=DT), x0()[:ROWS], STEPS, seed=3)
+    wrong = simulate(Langevin(force=Scaled(WELL, 1.04), dt=DT), x0()[:ROWS], STEPS, rng=3)
     paths = wrong.positions[..., 0][:, list(OBS)].transpose(0, 2, 1).reshape(-1, len(OBS))
     with pytest.raises(AssertionError, match="do not follow the reference law"):
-        assert_categorical_matches(path_outcomes(paths, EDGES), exact_law, alpha=ALPHA)
+        assert_categorical_matches(path_outcomes(paths, EDGES), exact_law, alpha=ALPHA / 7)
 
 
 def test_seeded_runs_are_reproducible():
     model = Langevin(force=WELL, draft_force=DRAFTS["function"], dt=DT)
-    a = speculative_simulate(model, np.full((3, 2, 1), 0.5), 30, lookahead=4, seed=11)
-    b = speculative_simulate(model, np.full((3, 2, 1), 0.5), 30, lookahead=4, seed=11)
+    a = speculative_simulate(model, np.full((3, 2, 1), 0.5), 30, lookahead=4, rng=11)
+    b = speculative_simulate(model, np.full((3, 2, 1), 0.5), 30, lookahead=4, rng=11)
     np.testing.assert_array_equal(a.positions, b.positions)
-    c = speculative_simulate(model, np.full((3, 2, 1), 0.5), 30, lookahead=4, seed=12)
+    c = speculative_simulate(model, np.full((3, 2, 1), 0.5), 30, lookahead=4, rng=12)
     assert not np.array_equal(a.positions, c.positions)
+    g = speculative_simulate(model, np.full((3, 2, 1), 0.5), 30, lookahead=4, rng=np.random.default_rng(11))
+    np.testing.assert_array_equal(a.positions, g.positions)  # an int seed = a Generator seeded with it
+    for fn in (simulate, speculative_simulate):  # rng=None: unpredictable
+        x, y = (fn(model, np.full((3, 2, 1), 0.5), 30, rng=None).positions for _ in range(2))
+        assert not np.array_equal(x, y)
+    with pytest.raises(ValueError, match="rng"):
+        simulate(model, np.full((3, 2, 1), 0.5), 30, rng=-1)
 
 
 def test_lookahead_zero_is_plain_simulation_through_the_loop():
     model = Langevin(force=WELL, draft_force=DRAFTS["function"], dt=DT)
-    traj = speculative_simulate(model, np.full((4, 1, 1), 0.5), 25, lookahead=0, seed=1)
+    traj = speculative_simulate(model, np.full((4, 1, 1), 0.5), 25, lookahead=0, rng=1)
     assert traj.stats.target_calls == 25 and traj.stats.proposed == 0
     z = innovations(model, traj.positions)
     assert np.isfinite(z).all() and z.shape == (4, 25, 1, 1)
@@ -146,17 +156,17 @@ def test_lookahead_zero_is_plain_simulation_through_the_loop():
 def test_mueller_brown_2d_steps_and_endpoints_are_exact():
     """2-D, 2 particles, frozen correction of a wrong draft: every step N(0, 1), endpoints vs plain.
 
-    Two checks at alpha = 5e-7: KS of the 0.8 million standardised steps (catches a per-step law
+    Two checks at ALPHA / 2: KS of the 0.8 million standardised steps (catches a per-step law
     at KS distance 0.005 w.p. >= 0.99) and a two-sample test of the final configurations
     (4 coordinates and 16 projections, 4000 replicas each).
     """
     mb = MuellerBrown(0.1)
     model = Langevin(force=mb, draft_force=frozen_correction(MuellerBrown(0.08)), dt=3e-4)
     X0 = np.tile(np.array(MuellerBrown.minima[:2]), (4000, 1, 1))       # [4000, 2, 2]
-    spec = speculative_simulate(model, X0, 50, lookahead=6, seed=3)
-    plain = simulate(model, X0, 50, seed=4)
+    spec = speculative_simulate(model, X0, 50, lookahead=6, rng=3)
+    plain = simulate(model, X0, 50, rng=4)
     assert 0 < spec.stats.accepted < spec.stats.proposed
     z = innovations(model, spec.positions).ravel()
-    assert_continuous_matches(z, stats.norm, alpha=5e-7, label="Mueller-Brown steps")
+    assert_continuous_matches(z, stats.norm, alpha=ALPHA / 2, label="Mueller-Brown steps")
     assert_same_continuous(spec.final.reshape(4000, -1), plain.final.reshape(4000, -1),
-                           alpha=5e-7, label="Mueller-Brown endpoints")
+                           alpha=ALPHA / 2, label="Mueller-Brown endpoints")

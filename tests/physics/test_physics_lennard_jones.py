@@ -6,8 +6,8 @@ counts in three shells of g(r) (the first peak, the first minimum, the rest up t
 over replicas, compared with speculate.testing.assert_same_continuous (two-sample KS on each of
 the 4 features and 16 random projections, Bonferroni inside; conservative for integer counts),
 plus a KS test of every standardised step of the speculative run against N(0, 1). Two checks
-per run at alpha = 5e-7 each (1e-6 in all). Power: with B = 512 replicas each two-sample KS test
-(at level 5e-7 / 20) catches a KS distance of 0.35 (a shift of 0.93 standard deviations of a
+per run at ALPHA / 2 each (speculate.testing.DEFAULT_ALPHA in all). Power: with B = 512 replicas each two-sample KS test
+(at level ALPHA / 2 / 20) catches a KS distance of 0.35 (a shift of 0.93 standard deviations of a
 Gaussian feature) with probability >= 0.99 (DKW bound: 4 exp(-n eps^2 / 2) <= 0.01 on top of
 the critical value); the per-step KS test, with 2 million steps, catches a per-step law at KS
 distance 0.0032.
@@ -27,11 +27,10 @@ from speculate.domains.physics import (
     simulate,
     speculative_simulate,
 )
-from speculate.domains.physics.checks import innovations, ks_power_bound
+from speculate.domains.physics.checks import innovations
 
-from speculate.testing import assert_continuous_matches, assert_same_continuous
-
-ALPHA = 1e-6 / 2
+from speculate.testing import DEFAULT_ALPHA as ALPHA
+from speculate.testing import assert_continuous_matches, assert_same_continuous, ks_power_bound
 
 
 def features(X, lj):
@@ -51,14 +50,14 @@ def compare(n_cells, B, steps, draft_kind, rc, lookahead=4):
     draft = {"cells": cheap, "frozen": "frozen", "corrected": frozen_correction(cheap)}[draft_kind]
     model = Langevin(force=exact, draft_force=draft, dt=1e-4, kT=1.0)
     X0 = np.repeat(x0[None], B, axis=0)
-    spec = speculative_simulate(model, X0, steps, lookahead=lookahead, seed=21)
-    plain = simulate(model, X0, steps, seed=22)
+    spec = speculative_simulate(model, X0, steps, lookahead=lookahead, rng=21)
+    plain = simulate(model, X0, steps, rng=22)
     assert 0 < spec.stats.accepted < spec.stats.proposed
     fs, fp = features(spec.final, exact), features(plain.final, exact)
     label = f"LJ N={x0.shape[0]}, draft {draft_kind}: (energy, 3 shell counts)"
-    assert_same_continuous(fs, fp, alpha=ALPHA, label=label)
+    assert_same_continuous(fs, fp, alpha=ALPHA / 2, label=label)
     z = innovations(model, spec.positions).ravel()
-    assert_continuous_matches(z, stats.norm, alpha=ALPHA, label="standardised steps")
+    assert_continuous_matches(z, stats.norm, alpha=ALPHA / 2, label="standardised steps")
     return spec
 
 
@@ -69,12 +68,12 @@ def test_lj_speculative_matches_plain_small():
 
 
 def test_lj_tests_have_power():
-    n, per_test = 512, ALPHA / 20                                  # 4 features + 16 projections
+    n, per_test = 512, ALPHA / 2 / 20                                  # 4 features + 16 projections
     c = np.sqrt(np.log(2 / per_test) / 2) * np.sqrt(2 / n)         # two-sample KS critical value
     eps = 2 * np.sqrt(np.log(400) / (2 * n))                       # each ECDF within eps/2 w.p. .995
     assert c + eps <= 0.35
     assert 2 * stats.norm.cdf(0.93 / 2) - 1 >= 0.35                 # a 0.93 sd shift is that far
-    assert ks_power_bound(512 * 40 * 32 * 3, ALPHA, 0.0032) >= 0.99
+    assert ks_power_bound(512 * 40 * 32 * 3, 0.0032, alpha=ALPHA / 2) >= 0.99
 
 
 def test_lj_force_is_batch_invariant():

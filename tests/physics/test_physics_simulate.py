@@ -1,6 +1,6 @@
 """The Langevin model and plain Euler-Maruyama simulation (the reference for the speculative path).
 
-Statistical tests here are seeded and use alpha = 1e-6 per test.
+Statistical tests here are seeded and use speculate.testing.DEFAULT_ALPHA per test.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 from speculate.domains.physics import DoubleWell, Langevin, MuellerBrown, simulate
-from speculate.domains.physics.exact_law import binned_path_law
+from speculate.domains.physics.path_law import binned_path_law
+
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 
 
 @pytest.mark.parametrize("name, value", [("dt", 0.0), ("dt", -1e-3), ("kT", 0.0), ("gamma", -2.0),
@@ -62,14 +64,34 @@ def test_nonfinite_force_names_the_step():
 
 def test_recording_and_shapes():
     model = Langevin(force=MuellerBrown(0.1), dt=1e-4)
-    traj = simulate(model, np.zeros((3, 2, 2)), 10, seed=1, record_every=4)
+    traj = simulate(model, np.zeros((3, 2, 2)), 10, rng=1, record_every=4)
     assert traj.positions.shape == (3, 3, 2, 2)
     assert traj.steps.tolist() == [0, 4, 8]
     assert traj.final.shape == (3, 2, 2)
     assert traj.stats.target_calls == 10 and traj.stats.calls_per_step == 1.0
     np.testing.assert_array_equal(traj.positions[:, 0], 0.0)
-    again = simulate(model, np.zeros((3, 2, 2)), 10, seed=1, record_every=4)
+    again = simulate(model, np.zeros((3, 2, 2)), 10, rng=1, record_every=4)
     np.testing.assert_array_equal(traj.final, again.final)     # seeded: reproducible
+
+
+def test_simulation_stats_extend_the_core_stats():
+    from speculate.domains.physics import SimulationStats, speculative_simulate
+
+    from speculate import Stats
+
+    model = Langevin(force=DoubleWell(), draft_force=DoubleWell(tilt=0.5), dt=0.01)
+    plain = simulate(model, np.zeros((3, 1, 1)), 20, rng=0).stats
+    spec = speculative_simulate(model, np.zeros((3, 1, 1)), 20, lookahead=4, rng=0).stats
+    for st in (plain, spec):
+        assert type(st) is SimulationStats and isinstance(st, Stats)
+        assert st.steps == 20 and st.emitted == 60 and st.wall_time > 0
+        assert "target_configurations=" in st.summary() and "calls_per_step=" in st.summary()
+        d = st.as_dict()
+        assert d["calls_per_step"] == st.calls_per_step and d["draft_truncations"] == 0
+    # a plain run is a run of rounds without drafts: one exact-force call per step
+    assert (plain.rounds, plain.target_calls, plain.proposed, plain.calls_per_step) == (20, 20, 0, 1.0)
+    assert plain.tokens_per_call == 1.0 and plain.target_configurations == 60
+    assert spec.target_calls < 20 and spec.target_configurations == spec.proposed + spec.row_rounds
 
 
 def test_one_step_transition_is_the_euler_maruyama_gaussian():
@@ -77,18 +99,18 @@ def test_one_step_transition_is_the_euler_maruyama_gaussian():
     pot = MuellerBrown(0.1)
     model = Langevin(force=pot, dt=1e-3, kT=0.7, gamma=1.3)
     X0 = np.random.default_rng(5).uniform(-1, 1, size=(20000, 2, 2))
-    traj = simulate(model, X0, 1, seed=2)
+    traj = simulate(model, X0, 1, rng=2)
     z = (traj.final - model.mean(X0, pot.force(X0))) / model.noise_scale
-    assert stats.kstest(z.ravel(), "norm").pvalue > 1e-6
+    assert stats.kstest(z.ravel(), "norm").pvalue > ALPHA
     assert abs(model.noise_scale - math.sqrt(2 * 0.7 * 1e-3 / 1.3)) < 1e-15
 
 
 def test_binned_path_law_matches_plain_simulation():
-    """Chi-square of 3-step bin paths against the exact law (64 cells, n = 200000, alpha 1e-6)."""
+    """Chi-square of 3-step bin paths against the exact law (64 cells, n = 200000, at ALPHA)."""
     model = Langevin(force=DoubleWell(1.0), dt=0.05)
     edges = [-1.0, 0.0, 1.0]
     law = binned_path_law(model, 0.3, edges, 3)
-    traj = simulate(model, np.full((200000, 1, 1), 0.3), 3, seed=3)
+    traj = simulate(model, np.full((200000, 1, 1), 0.3), 3, rng=3)
     lab = np.searchsorted(edges, traj.positions[:, 1:, 0, 0], side="right")    # [n, 3]
     keys = sorted(law)
     index = {k: i for i, k in enumerate(keys)}
@@ -97,7 +119,7 @@ def test_binned_path_law_matches_plain_simulation():
     keep = p * len(lab) >= 5
     obs = np.append(counts[keep], counts[~keep].sum())
     exp = np.append(p[keep], p[~keep].sum()) * len(lab)
-    assert stats.chisquare(obs, exp).pvalue > 1e-6
+    assert stats.chisquare(obs, exp).pvalue > ALPHA
 
 
 def test_binned_path_law_is_converged():
@@ -117,7 +139,7 @@ def test_long_run_approaches_boltzmann_law():
     """At small dt the Euler-Maruyama chain samples exp(-U/kT) up to O(dt): a model sanity check."""
     well = DoubleWell(1.0)
     model = Langevin(force=well, dt=2e-3, kT=0.5)
-    traj = simulate(model, np.zeros((400, 1, 1)), 20000, seed=4, record_every=100)
+    traj = simulate(model, np.zeros((400, 1, 1)), 20000, rng=4, record_every=100)
     x = traj.positions[:, 20:, 0, 0].ravel()                      # burn-in 2000 steps
     hist, edges = np.histogram(x, bins=40, range=(-2, 2), density=True)
     mid = 0.5 * (edges[1:] + edges[:-1])
@@ -135,8 +157,8 @@ def test_speculative_recording_every_few_steps_keeps_the_same_trajectory(draft):
     d = {"function": cheap, "frozen": "frozen", "corrected": frozen_correction(cheap)}[draft]
     model = Langevin(force=well, draft_force=d, dt=0.05)
     x0 = np.full((7, 2, 1), 0.4)
-    every = speculative_simulate(model, x0, 30, lookahead=4, seed=5)
-    sparse = speculative_simulate(model, x0, 30, lookahead=4, seed=5, record_every=3)
+    every = speculative_simulate(model, x0, 30, lookahead=4, rng=5)
+    sparse = speculative_simulate(model, x0, 30, lookahead=4, rng=5, record_every=3)
     np.testing.assert_array_equal(sparse.positions, every.positions[:, ::3])
     np.testing.assert_array_equal(sparse.final, every.final)
-    assert every.stats.core.rejections > 0  # the reflection path is part of the run
+    assert every.stats.rejections > 0  # the reflection path is part of the run

@@ -1,0 +1,199 @@
+"""The public functions of the physics domain: plain and speculative simulation, their result.
+
+- :func:`simulate`: plain Euler-Maruyama with the exact force, one force call per step;
+- :func:`speculative_simulate`: the same chain, exactly, with fewer sequential force calls (the
+  :class:`~speculate.domains.physics.process.LangevinProcess` on the core round loop);
+- :class:`Simulation`: the recorded configurations and the :class:`SimulationStats` of a run
+  (``speculate.Stats`` plus the counters of a simulation).
+
+Example:
+    >>> import numpy as np
+    >>> from speculate.domains.physics import DoubleWell, Langevin, simulate, speculative_simulate
+    >>> model = Langevin(force=DoubleWell(), draft_force=DoubleWell(tilt=0.5), dt=1e-2)
+    >>> plain = simulate(model, np.zeros((2, 1, 1)), 20, rng=0)
+    >>> fast = speculative_simulate(model, np.zeros((2, 1, 1)), 20, lookahead=4, rng=0)
+    >>> plain.positions.shape == fast.positions.shape, plain.stats.calls_per_step, fast.stats.calls_per_step < 1
+    (True, 1.0, True)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from speculate import Stats
+from speculate._rng import as_rng
+from speculate.rounds import run
+
+from .langevin import Langevin, Recorder, check_steps, check_x0, evaluate_force, nonfinite_error
+from .process import LangevinProcess
+
+__all__ = ["Simulation", "SimulationStats", "simulate", "speculative_simulate"]
+
+
+@dataclass
+class SimulationStats(Stats):
+    """The counters of a run: those of ``speculate.Stats`` and the simulation's own.
+
+    ``target_calls`` counts calls of the exact force (each call may hold many configurations);
+    ``calls_per_step`` = target_calls / steps is the sequential depth per simulated step (1 for
+    plain simulation); ``acceptance_rate`` = accepted / proposed drafted steps; ``alpha`` =
+    accepted / (accepted + rejections), the per-draft acceptance of theory;
+    ``accepted_per_position[j]`` counts (row, round) pairs that kept exactly j drafts. A plain
+    run counts as rounds without drafts (k = 0).
+    """
+
+    steps: int = 0  #: steps per replica
+    target_configurations: int = 0  #: configurations the exact force was evaluated at
+    wall_time: float = 0.0  #: seconds for the whole run
+    draft_truncations: int = 0  #: drafts cut short by a non-finite draft force or an overflow
+
+    @property
+    def calls_per_step(self) -> float:
+        """Sequential calls of the exact force per simulated step."""
+        return self.target_calls / self.steps if self.steps else float("nan")
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.wall_time if self.wall_time > 0 else float("nan")
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["calls_per_step"], out["steps_per_second"] = self.calls_per_step, self.steps_per_second
+        return out
+
+    def summary(self) -> str:
+        return f"{super().summary()} calls_per_step={self.calls_per_step:.4g}"
+
+
+@dataclass
+class Simulation:
+    """A simulated trajectory.
+
+    positions: [T, N, d] ([B, T, N, d] when x0 had a batch axis), the configurations at ``steps``
+    (every ``record_every``-th step, starting with x0 at step 0). final: the last configuration,
+    [N, d] or [B, N, d]. Positions are never wrapped into a periodic box (forces apply the
+    minimum image themselves), so displacements and diffusion can be read off directly.
+    """
+
+    positions: np.ndarray
+    steps: np.ndarray
+    final: np.ndarray
+    stats: SimulationStats
+
+
+def _simulation(rec: Recorder, final: np.ndarray, stats: SimulationStats, batched: bool) -> Simulation:
+    pos = rec.positions if batched else rec.positions[0]
+    fin = final if batched else final[0]
+    return Simulation(positions=pos, steps=rec.steps.copy(), final=fin, stats=stats)
+
+
+def simulate(
+    model: Langevin,
+    x0: Any,
+    n_steps: int,
+    rng: int | np.random.Generator | None = 0,
+    *,
+    record_every: int = 1,
+) -> Simulation:
+    """Plain Euler-Maruyama with the exact force: one force call per step for all replicas.
+
+    Args:
+        model: the Langevin model (its draft force is not used here).
+        x0: initial configuration [N, d], or [B, N, d] for B independent replicas.
+        n_steps: number of steps. rng: int seed, numpy Generator, or None (unpredictable).
+        record_every: keep every record_every-th configuration in ``positions``.
+
+    Raises ValueError naming the step when the force is not finite or has the wrong shape.
+
+    Example:
+        >>> import numpy as np
+        >>> from speculate.domains.physics import DoubleWell, Langevin, simulate
+        >>> sim = simulate(Langevin(force=DoubleWell(), dt=1e-2), np.zeros((4, 1, 1)), 10)
+        >>> sim.positions.shape, sim.final.shape
+        ((4, 11, 1, 1), (4, 1, 1))
+    """
+    if not isinstance(model, Langevin):
+        raise TypeError(f"model must be a Langevin, got {type(model).__name__}")
+    check_steps(n_steps, record_every)
+    X, batched = check_x0(x0)
+    rng = as_rng(rng)
+    rec = Recorder(X, n_steps, record_every)
+    stats = SimulationStats()
+    scale = model.noise_scale
+    t_start = time.perf_counter()
+    for t in range(n_steps):
+        t0 = time.perf_counter()
+        F, finite = evaluate_force(model.force, X, who="force", steps=t)
+        stats.target_time += time.perf_counter() - t0
+        if not finite.all():
+            b = int(np.argmin(finite))
+            raise nonfinite_error("force", F, b, t, b if batched else None)
+        X = model.mean(X, F) + scale * rng.standard_normal(X.shape)  # [B, N, d]
+        if (t + 1) % record_every == 0:
+            rec.positions[:, (t + 1) // record_every] = X
+    B = X.shape[0]
+    stats.steps = stats.rounds = stats.target_calls = n_steps  # a round without drafts per step
+    stats.row_rounds = stats.emitted = n_steps * B
+    stats.accepted_per_position[0] = n_steps * B
+    if n_steps:
+        stats.lookahead_counts[0] = n_steps
+    stats.target_configurations = n_steps * B
+    stats.wall_time = time.perf_counter() - t_start
+    return _simulation(rec, X, stats, batched)
+
+
+def speculative_simulate(
+    model: Langevin,
+    x0: Any,
+    n_steps: int,
+    lookahead: int | str = 8,
+    rng: int | np.random.Generator | None = 0,
+    *,
+    record_every: int = 1,
+    max_lookahead: int = 16,
+    cost_ratio: float | None = None,
+) -> Simulation:
+    """Simulate the Euler-Maruyama chain of ``model`` exactly, drafting ``lookahead`` steps ahead.
+
+    The returned simulation has the same law as ``simulate(model, x0, n_steps)`` (exact for the
+    discretised chain), with ``stats.target_calls`` sequential calls of the exact force instead of
+    n_steps; each call scores up to B (lookahead+1) configurations.
+
+    Args:
+        model: Langevin(force, draft_force, dt, kT, gamma).
+        x0: initial configuration [N, d], or [B, N, d] for B replicas advanced together.
+        n_steps: steps per replica. lookahead: drafted steps per round, or "auto" (chosen online
+            from the measured acceptance and cost ratio, up to ``max_lookahead``).
+        rng: int seed, numpy Generator, or None (unpredictable). record_every: keep every
+            record_every-th configuration.
+        cost_ratio: with lookahead="auto", a fixed draft/target cost ratio c instead of the
+            measured one (the run then depends on the seed alone, not on timings).
+
+    Raises ValueError naming the step when the exact force is not finite at a configuration the
+    chain reaches (a non-finite force at a drafted configuration that is never reached is
+    harmless: that draft is simply not kept) or when a force returns the wrong shape.
+
+    Example:
+        >>> import numpy as np
+        >>> from speculate.domains.physics import DoubleWell, Langevin, speculative_simulate
+        >>> model = Langevin(force=DoubleWell(), draft_force=DoubleWell(tilt=3.0), dt=1e-2)
+        >>> sim = speculative_simulate(model, np.zeros((3, 1, 1)), 50, lookahead=4, rng=1)
+        >>> sim.positions.shape, 0.5 < sim.stats.acceptance_rate < 1
+        ((3, 51, 1, 1), True)
+    """
+    if not isinstance(model, Langevin):
+        raise TypeError(f"model must be a Langevin, got {type(model).__name__}")
+    check_steps(n_steps, record_every)
+    X, batched = check_x0(x0)
+    rec = Recorder(X, n_steps, record_every)
+    stats = SimulationStats(steps=n_steps)
+    process = LangevinProcess(model, X, rec, stats)
+    t0 = time.perf_counter()
+    run(process, X.shape[0], n_steps, lookahead=lookahead, verify="token", rng=rng,
+        max_lookahead=max_lookahead, cost_ratio=cost_ratio, keep_samples=False, stats=stats)
+    stats.wall_time = time.perf_counter() - t0
+    return _simulation(rec, process.X, stats, batched)
