@@ -74,12 +74,12 @@ def run(episodes: int, n_envs: int, big, draft) -> dict:
         seed = 1000 + ep
         envs = [make_env() for _ in range(n_envs)]
         t = time.perf_counter()
-        out = rollouts(envs, big, max_steps=500, seed=seed)
+        out = rollouts(envs, big, max_steps=500, rng=seed)
         tot["plain"]["seconds"] += time.perf_counter() - t
         tot["plain"]["steps"] += out.steps
         for (verify, k), name in zip(CONFIGS, names[1:], strict=True):
             t = time.perf_counter()
-            out = speculative_rollouts(envs, big, draft, max_steps=500, lookahead=k, verify=verify, seed=seed)
+            out = speculative_rollouts(envs, big, draft, max_steps=500, lookahead=k, verify=verify, rng=seed)
             tot[name]["seconds"] += time.perf_counter() - t
             tot[name]["steps"] += out.steps
             stats[name].append(out.stats)

@@ -46,7 +46,7 @@ def make_env() -> gym.Env:
 
 
 def mean_return(policy, episodes: int, seed: int) -> tuple[float, float]:
-    out = rollouts([make_env] * episodes, policy, max_steps=500, seed=seed)
+    out = rollouts([make_env] * episodes, policy, max_steps=500, rng=seed)
     r = np.array([t.total_reward for t in out])
     return float(r.mean()), float(r.std())
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
     t0 = time.time()
-    w, search_log = search_linear_controller(seed=SEED)
+    w, search_log = search_linear_controller(rng=SEED)
     teacher = SoftLinearPolicy(w, TEMPERATURE)
     record: dict = {
         "command": ".venv/bin/python " + " ".join(sys.argv) if argv is None else "train_cartpole.main()",
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     big = cartpole_mlp("big")
     n_params = sum(p.numel() for p in big.parameters())
     t1 = time.time()
-    bc_log = behaviour_clone(teacher, big, episodes=40, steps=600, lr=3e-4, seed=SEED)
+    bc_log = behaviour_clone(teacher, big, episodes=40, steps=600, lr=3e-4, rng=SEED)
     record["big"] = {"hidden": list(BIG_HIDDEN), "parameters": n_params, "bc_log": bc_log,
                      "bc_seconds": round(time.time() - t1, 1)}
     print(f"big policy: {n_params / 1e6:.1f}M parameters, final cross-entropy {bc_log[-1]['cross_entropy']:.4f}",
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"big policy return {record['big']['return_mean']:.1f}", flush=True)
 
     draft = cartpole_mlp("draft")
-    rep = distill_policy(big, draft, make_env, episodes=20, max_steps=500, steps=3000, lr=3e-3, seed=SEED)
+    rep = distill_policy(big, draft, make_env, episodes=20, max_steps=500, steps=3000, lr=3e-3, rng=SEED)
     record["draft"] = {"hidden": list(DRAFT_HIDDEN), "parameters": sum(p.numel() for p in draft.parameters()),
                        "acceptance_before": rep.acceptance_before, "acceptance_after": rep.acceptance_after,
                        "train_states": rep.train_states, "heldout_states": rep.heldout_states,

@@ -1,14 +1,19 @@
-"""Speculative rollouts of gymnasium environments with an expensive policy, and plain rollouts.
+"""The RL domain's public functions: speculative rollouts of gymnasium environments with an
+expensive policy, and plain rollouts (the reference they match in distribution).
+
+Randomness: ``rng=`` is an int seed, a numpy Generator or None; see
+:mod:`speculate.domains.rl.seeding` for how the environments' reset seeds and the generator of the
+draft and the verifier come from it (the same reset seeds in plain and speculative rollouts).
 
 >>> import numpy as np, gymnasium as gym
 >>> from speculate.domains.rl import TabularPolicy, speculative_rollout
 >>> rng = np.random.default_rng(0)
 >>> policy = TabularPolicy(rng.dirichlet(np.ones(4), size=16))
 >>> draft = TabularPolicy(0.8 * policy.probs + 0.05)
->>> traj = speculative_rollout(gym.make("FrozenLake-v1"), policy, draft, max_steps=20, seed=0)
->>> len(traj.actions) == len(traj.rewards) == len(traj.observations) - 1
+>>> episode = speculative_rollout(gym.make("FrozenLake-v1"), policy, draft, max_steps=20, rng=0)
+>>> len(episode.actions) == len(episode.rewards) == len(episode.observations) - 1
 True
->>> traj.terminated or traj.truncated
+>>> episode.terminated or episode.truncated
 True
 """
 
@@ -20,18 +25,21 @@ from typing import Any
 
 import numpy as np
 
-from speculate.distributions import Categorical, Normal
-from speculate.rounds import Stats, run
+from speculate.rounds import run
+from speculate.stats import Stats
+from speculate.verify import RULES
 
-from .policies import action_distributions, batch_observations, prepare
-from .process import RolloutProcess
+from .drafts import PolicyDraft
+from .policies import batch_observations, policy_calls, prepare
+from .process import RolloutProcess, Row, own, step_env
+from .seeding import rollout_seeds
 from .snapshots import SnapshotError, snapshotter
 
-__all__ = ["Rollouts", "Trajectory", "rollout", "rollouts", "speculative_rollout", "speculative_rollouts"]
+__all__ = ["Episode", "Rollouts", "rollout", "rollouts", "speculative_rollout", "speculative_rollouts"]
 
 
 @dataclass
-class Trajectory:
+class Episode:
     """One episode (or its first ``max_steps`` steps).
 
     ``observations`` has one more entry than ``actions`` and ``rewards`` (it starts with the reset
@@ -57,23 +65,23 @@ class Trajectory:
 
 @dataclass
 class Rollouts:
-    """The trajectories of N environments, in order, and the counters of the run that produced them."""
+    """The episodes of N environments, in order, and the counters of the run that produced them."""
 
-    trajectories: list[Trajectory]
+    episodes: list[Episode]
     stats: Stats | None
 
     def __len__(self) -> int:
-        return len(self.trajectories)
+        return len(self.episodes)
 
-    def __getitem__(self, i: int) -> Trajectory:
-        return self.trajectories[i]
+    def __getitem__(self, i: int) -> Episode:
+        return self.episodes[i]
 
     def __iter__(self):
-        return iter(self.trajectories)
+        return iter(self.episodes)
 
     @property
     def steps(self) -> int:
-        return sum(len(t) for t in self.trajectories)
+        return sum(len(t) for t in self.episodes)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,25 +149,21 @@ def _per_env(policy: Any, N: int, what: str) -> list:
     raise TypeError(f"{what} must be callable (observations -> action distributions), got {type(policy).__name__}")
 
 
-def _seeds(seed: int | None, N: int) -> tuple[list, np.random.Generator]:
-    """Reset seeds for the N envs and the generator of the draft and the verifier, from ``seed``."""
-    if seed is None:
-        return [None] * N, np.random.default_rng()
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-    ss = np.random.SeedSequence(int(seed))
-    env_ss, rng_ss = ss.spawn(2)
-    env_seeds = [int(s) for s in env_ss.generate_state(N, dtype=np.uint32)]
-    return env_seeds, np.random.default_rng(rng_ss)
-
-
 def _check_steps(max_steps: int) -> int:
     if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 0:
         raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
     return int(max_steps)
 
 
-def _trajectory(space: Any, act_space: Any, row: Any, stats: Stats | None) -> Trajectory:
+def _truncate(rows: list[Row], max_steps: int) -> None:
+    """Episodes that reached ``max_steps`` without ending are truncated (episode semantics: the
+    round loop only stops each row at ``max_steps`` outcomes)."""
+    for r in rows:
+        if not r.done and len(r.actions) >= max_steps:
+            r.truncated = r.done = True
+
+
+def _episode(space: Any, act_space: Any, row: Row, stats: Stats | None) -> Episode:
     import gymnasium as gym
 
     obs: Any = row.observations
@@ -170,8 +174,7 @@ def _trajectory(space: Any, act_space: Any, row: Any, stats: Stats | None) -> Tr
         acts = np.asarray(acts, dtype=np.int64)
     else:
         acts = np.asarray(acts, dtype=act_space.dtype).reshape(len(acts), *act_space.shape)
-    return Trajectory(obs, acts, np.asarray(row.rewards, np.float64), row.terminated, row.truncated,
-                      row.infos, stats)
+    return Episode(obs, acts, np.asarray(row.rewards, np.float64), row.terminated, row.truncated, row.infos, stats)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,12 +189,13 @@ def speculative_rollouts(
     max_steps: int = 500,
     lookahead: int | str = 4,
     verify: str = "auto",
-    seed: int | None = 0,
+    rng: int | np.random.Generator | None = 0,
     max_lookahead: int = 16,
+    cost_ratio: float | None = None,
 ) -> Rollouts:
     """Roll out N environments at once with ``policy``, drafting ahead with ``draft``; exact.
 
-    The trajectories are distributed exactly as plain rollouts of ``policy`` (:func:`rollouts`),
+    The episodes are distributed exactly as plain rollouts of ``policy`` (:func:`rollouts`),
     the environments' own randomness included. Each round drafts up to ``lookahead`` actions per
     environment on a snapshot, scores all the drafted observations of all environments in ONE call of
     ``policy``, keeps a prefix per environment (ragged), and restores each environment to its last
@@ -200,12 +204,15 @@ def speculative_rollouts(
 
     ``envs``: a ``gymnasium.vector.SyncVectorEnv`` (its sub-environments are stepped directly; reset
     it before stepping it again), a list of envs, or a list of env constructors (made and closed here).
-    Each env is reset with a seed drawn from ``seed`` (the same seeds as :func:`rollouts`).
+    ``rng``: an int seed, a numpy Generator or None; each env is reset with a seed drawn from it (the
+    same seeds as :func:`rollouts`; see :mod:`speculate.domains.rl.seeding`).
     ``policy``/``draft``: see :mod:`speculate.domains.rl.policies`; one callable, or a list of one per env.
     ``verify``: ``"auto"`` (block for Discrete actions, token for Box), ``"block"`` (Sun et al.,
     Discrete only), ``"token"`` (Leviathan et al.), ``"greedy"`` (the policy's argmax action).
-    ``lookahead``: drafted steps per round, or ``"auto"``. Raises :class:`SnapshotError` for an env
-    that cannot be snapshotted exactly.
+    ``lookahead``: drafted steps per round, or ``"auto"`` (k chosen each round from the running alpha
+    and the cost ratio: measured, or ``cost_ratio`` when given, which makes a seeded run
+    bit-reproducible; see speculate.rounds). Raises :class:`SnapshotError` for an env that cannot be
+    snapshotted exactly.
 
     >>> import gymnasium as gym, numpy as np
     >>> from speculate.domains.rl import TabularPolicy, speculative_rollouts
@@ -223,24 +230,26 @@ def speculative_rollouts(
         N = len(env_list)
         policies = _per_env(policy, N, "policy")
         drafts = _per_env(draft, N, "draft")
-        discrete = isinstance(env_list[0].action_space, gym.spaces.Discrete)
+        space, act_space = env_list[0].observation_space, env_list[0].action_space
+        discrete = isinstance(act_space, gym.spaces.Discrete)
         if verify == "auto":
             verify = "block" if discrete else "token"
-        if verify not in ("token", "block", "greedy"):
-            raise ValueError(f"verify must be 'auto', 'token', 'block' or 'greedy', got {verify!r}")
+        if verify not in RULES:
+            raise ValueError(f"verify must be 'auto' or one of {RULES}, got {verify!r}")
         if not discrete and verify != "token":
             raise ValueError(
                 f"verify={verify!r} needs Discrete actions; Box actions (Normal policies) are "
                 "verified token-wise by reflection coupling: use verify='token' or 'auto'"
             )
-        env_seeds, rng = _seeds(seed, N)
+        env_seeds, gen = rollout_seeds(rng, N)
         snaps = [snapshotter(e) for e in env_list]  # raises SnapshotError before anything runs
         first = [e.reset(seed=s)[0] for e, s in zip(env_list, env_seeds, strict=True)]
-        proc = RolloutProcess(env_list, snaps, first, policies, drafts, max_steps)
-        res = run(proc, N, max_steps, lookahead=lookahead, verify=verify, rng=rng,
-                  max_lookahead=max_lookahead)
-        space, act_space = env_list[0].observation_space, env_list[0].action_space
-        return Rollouts([_trajectory(space, act_space, r, res.stats) for r in proc.rows], res.stats)
+        proc = RolloutProcess(env_list, snaps, first, policies, PolicyDraft(drafts, space, act_space))
+        res = run(proc, N, max_steps, lookahead=lookahead, verify=verify, rng=gen, max_lookahead=max_lookahead,
+                  cost_ratio=cost_ratio, keep_samples=False)
+        if max_steps > 0:  # max_steps=0 leaves the episode neither terminated nor truncated (as it always has)
+            _truncate(proc.rows, max_steps)
+        return Rollouts([_episode(space, act_space, r, res.stats) for r in proc.rows], res.stats)
     finally:
         if owned:
             for e in env_list:
@@ -255,16 +264,17 @@ def speculative_rollout(
     max_steps: int = 500,
     lookahead: int | str = 4,
     verify: str = "auto",
-    seed: int | None = 0,
+    rng: int | np.random.Generator | None = 0,
     max_lookahead: int = 16,
-) -> Trajectory:
+    cost_ratio: float | None = None,
+) -> Episode:
     """One speculative episode of ``env``; see :func:`speculative_rollouts` for the arguments.
 
     >>> import gymnasium as gym, numpy as np
     >>> from speculate.domains.rl import TabularPolicy, speculative_rollout
     >>> pi = TabularPolicy(np.full((16, 4), 0.25))
-    >>> traj = speculative_rollout(gym.make("FrozenLake-v1"), pi, pi, max_steps=5, seed=1)
-    >>> traj.stats.target_calls <= len(traj)
+    >>> episode = speculative_rollout(gym.make("FrozenLake-v1"), pi, pi, max_steps=5, rng=1)
+    >>> episode.stats.target_calls <= len(episode)
     True
     """
     import gymnasium as gym
@@ -272,8 +282,8 @@ def speculative_rollout(
     if not isinstance(env, gym.Env):
         raise TypeError(f"speculative_rollout takes one gymnasium Env, got {type(env).__name__} "
                         "(use speculative_rollouts for several)")
-    out = speculative_rollouts(env, policy, draft, max_steps=max_steps, lookahead=lookahead,
-                               verify=verify, seed=seed, max_lookahead=max_lookahead)
+    out = speculative_rollouts(env, policy, draft, max_steps=max_steps, lookahead=lookahead, verify=verify,
+                               rng=rng, max_lookahead=max_lookahead, cost_ratio=cost_ratio)
     return out[0]
 
 
@@ -286,11 +296,12 @@ def rollouts(
     policy: Callable | Sequence[Callable],
     *,
     max_steps: int = 500,
-    seed: int | None = 0,
+    rng: int | np.random.Generator | None = 0,
 ) -> Rollouts:
     """Plain rollouts of N environments in lockstep: one ``policy`` call per step for all of them.
 
-    The reference that :func:`speculative_rollouts` matches in distribution (same reset seeds).
+    The reference that :func:`speculative_rollouts` matches in distribution (same reset seeds from
+    the same ``rng``).
 
     >>> import gymnasium as gym, numpy as np
     >>> from speculate.domains.rl import TabularPolicy, rollouts
@@ -300,43 +311,34 @@ def rollouts(
     """
     import gymnasium as gym
 
-    from .process import _Row, own, step_env
-
     max_steps = _check_steps(max_steps)
     env_list, owned = _as_envs(envs)
     try:
         _check_spaces(env_list)
         N = len(env_list)
         policies = _per_env(policy, N, "policy")
-        env_seeds, rng = _seeds(seed, N)
+        env_seeds, gen = rollout_seeds(rng, N)
         space, act_space = env_list[0].observation_space, env_list[0].action_space
         discrete = isinstance(act_space, gym.spaces.Discrete)
-        rows = [_Row(e, None, own(e.reset(seed=s)[0])) for e, s in zip(env_list, env_seeds, strict=True)]
+        rows = [Row(e, None, own(e.reset(seed=s)[0])) for e, s in zip(env_list, env_seeds, strict=True)]
         for _ in range(max_steps):
             live = [i for i in range(N) if not rows[i].done]
             if not live:
                 break
-            groups: dict[int, list[int]] = {}
-            for i in live:
-                groups.setdefault(id(policies[i]), []).append(i)
-            for idx in groups.values():
-                obs = batch_observations(space, [rows[i].observations[-1] for i in idx])
-                d = action_distributions(policies[idx[0]], obs, act_space, len(idx))
-                d = Categorical(probs=d.probs, validate=False) if discrete else Normal(
-                    d.loc, d.scale, batch_ndims=1, validate=False)
-                for i, a in zip(idx, d.sample(rng), strict=True):
+            calls = policy_calls(policies, live, [rows[i].observations[-1] for i in live], space, act_space)
+            for idx, d in calls:  # one policy at a time, its rows in order
+                for p, a in zip(idx, d.sample(gen), strict=True):
                     a = int(a) if discrete else np.asarray(a, dtype=act_space.dtype)
-                    rows[i].append(a, step_env(rows[i].env, a))
-        for r in rows:
-            if not r.done and len(r.actions) >= max_steps:
-                r.truncated = r.done = True
-        return Rollouts([_trajectory(space, act_space, r, None) for r in rows], None)
+                    row = rows[live[p]]
+                    row.append(a, step_env(row.env, a))
+        _truncate(rows, max_steps)
+        return Rollouts([_episode(space, act_space, r, None) for r in rows], None)
     finally:
         if owned:
             for e in env_list:
                 e.close()
 
 
-def rollout(env: Any, policy: Callable, *, max_steps: int = 500, seed: int | None = 0) -> Trajectory:
+def rollout(env: Any, policy: Callable, *, max_steps: int = 500, rng: int | np.random.Generator | None = 0) -> Episode:
     """One plain episode of ``env`` under ``policy`` (one policy call per step)."""
-    return rollouts(env, policy, max_steps=max_steps, seed=seed)[0]
+    return rollouts(env, policy, max_steps=max_steps, rng=rng)[0]

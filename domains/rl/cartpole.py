@@ -9,7 +9,7 @@
    stays stochastic.
 4. :func:`speculate.domains.rl.distill_policy` then distils a small draft from the big policy.
 
->>> w, log = search_linear_controller(seed=0, iterations=30)
+>>> w, log = search_linear_controller(rng=0, iterations=30)
 >>> log[-1]["return"]
 500.0
 """
@@ -52,21 +52,25 @@ def _episode_return(env: Any, w: np.ndarray, seed: int, max_steps: int = 500) ->
 
 
 def search_linear_controller(
-    seed: int = 0, iterations: int = 100, directions: int = 8, step: float = 0.05, noise: float = 0.1,
-    episodes: int = 3,
+    rng: int | np.random.Generator | None = 0, iterations: int = 100, directions: int = 8, step: float = 0.05,
+    noise: float = 0.1, episodes: int = 3,
 ) -> tuple[np.ndarray, list[dict]]:
     """Basic random search for a deterministic linear CartPole controller; returns (w, log).
 
     Each iteration perturbs ``w`` in ``directions`` random directions (both signs), scores each by
     the mean return over ``episodes`` episodes, and steps along the return-weighted directions.
     Stops early once ``w`` scores 500 (the maximum) on ``episodes`` fresh seeds. ``w`` is returned
-    normalised to unit length (the controller only depends on its direction).
+    normalised to unit length (the controller only depends on its direction). ``rng``: an int seed
+    (or a Generator or None, from which one is drawn) for the directions and the episodes' resets.
     """
     import gymnasium as gym
 
+    from .seeding import int_seed
+
+    seed = int_seed(rng)
     env = gym.make("CartPole-v1")
-    rng = np.random.default_rng(seed)
-    w = rng.normal(size=4) * 0.1
+    gen = np.random.default_rng(seed)
+    w = gen.normal(size=4) * 0.1
     log: list[dict] = []
     ep = 0
 
@@ -76,7 +80,7 @@ def search_linear_controller(
         return float(np.mean([_episode_return(env, v, seed=10_000 * seed + ep + i) for i in range(episodes)]))
 
     for it in range(iterations):
-        deltas = rng.normal(size=(directions, 4))
+        deltas = gen.normal(size=(directions, 4))
         plus = np.array([score(w + noise * d) for d in deltas])
         minus = np.array([score(w - noise * d) for d in deltas])
         sd = np.concatenate([plus, minus]).std() + 1e-8
@@ -110,7 +114,7 @@ def behaviour_clone(
     batch_size: int = 256,
     lr: float = 3e-4,
     state_noise: float = 0.05,
-    seed: int = 0,
+    rng: int | np.random.Generator | None = 0,
     log_every: int = 50,
 ) -> list[dict]:
     """Fit torch ``model`` (observations -> logits) to ``teacher``'s action distributions, in place.
@@ -118,19 +122,23 @@ def behaviour_clone(
     Training states: ``episodes`` CartPole-v1 rollouts of the teacher (its own sampled actions),
     each state also jittered by ``state_noise`` times the CartPole scale (to cover the neighbourhood
     of the teacher's trajectories). Loss: cross-entropy of the model's softmax against the teacher's
-    probabilities. Returns a log of (step, loss). The model is left in eval mode.
+    probabilities. Returns a log of (step, loss). The model is left in eval mode. ``rng``: an int
+    seed (or a Generator or None, from which one is drawn) for the rollouts, the jitter and torch's
+    batch sampling.
     """
     import gymnasium as gym
     import torch
 
+    from .api import rollouts
     from .policies import action_distributions
-    from .speculative import rollouts
+    from .seeding import int_seed
 
+    seed = int_seed(rng)
     space = gym.make("CartPole-v1").action_space
-    runs = rollouts([lambda: gym.make("CartPole-v1")] * episodes, teacher, max_steps=500, seed=seed)
+    runs = rollouts([lambda: gym.make("CartPole-v1")] * episodes, teacher, max_steps=500, rng=seed)
     states = np.concatenate([t.observations[: len(t)] for t in runs]).astype(np.float32)  # [M, 4]
-    rng = np.random.default_rng(seed)
-    jitter = states + state_noise * np.asarray(CARTPOLE_SCALE, np.float32) * rng.standard_normal(states.shape)
+    noise = np.random.default_rng(seed).standard_normal(states.shape)
+    jitter = states + state_noise * np.asarray(CARTPOLE_SCALE, np.float32) * noise
     x_np = np.concatenate([states, jitter.astype(np.float32)])  # [2M, 4]
     probs = action_distributions(teacher, x_np, space).probs  # [2M, 2]
     x = torch.as_tensor(x_np)

@@ -34,15 +34,15 @@ def _pair(use_cache: bool, quick: bool):
         return big.eval(), draft.eval()
     t = time.perf_counter()
     torch.manual_seed(0)
-    w, log = search_linear_controller(seed=0)
+    w, log = search_linear_controller(rng=0)
     print(f"random search: a linear controller with return {log[-1]['return']:.0f} after "
           f"{log[-1]['episodes']} episodes")
     teacher = SoftLinearPolicy(w, 0.01)
     big = cartpole_mlp("big")  # the benchmark's architecture, trained for less long
-    behaviour_clone(teacher, big, episodes=10, steps=40 if quick else 100, lr=1e-3, seed=0)
+    behaviour_clone(teacher, big, episodes=10, steps=40 if quick else 100, lr=1e-3, rng=0)
     draft = cartpole_mlp("draft")
     rep = distill_policy(big, draft, lambda: gym.make("CartPole-v1"), episodes=6, steps=600 if quick else 1500,
-                         lr=3e-3, seed=0)
+                         lr=3e-3, rng=0)
     n = sum(p.numel() for p in big.parameters())
     print(f"expensive policy: MLP with {n / 1e6:.1f}M parameters, behaviour-cloned from sigmoid(w.s/0.01); "
           f"draft: {sum(p.numel() for p in draft.parameters()):,} parameters, distilled "
@@ -65,7 +65,7 @@ def demo(argv: list[str] | None = None) -> int:
 
     from speculate import theory
 
-    from .speculative import rollouts, speculative_rollouts
+    from .api import rollouts, speculative_rollouts
 
     threads = torch.get_num_threads()
     try:
@@ -79,11 +79,11 @@ def demo(argv: list[str] | None = None) -> int:
         for ep in range(episodes):
             envs = [gym.make("CartPole-v1")]
             t = time.perf_counter()
-            steps["plain"] += rollouts(envs, big, max_steps=500, seed=ep).steps
+            steps["plain"] += rollouts(envs, big, max_steps=500, rng=ep).steps
             times["plain"] += time.perf_counter() - t
             t = time.perf_counter()
             out = speculative_rollouts(envs, big, draft, max_steps=500, lookahead=args.lookahead,
-                                       verify=args.verify, seed=ep)
+                                       verify=args.verify, rng=ep)
             times["spec"] += time.perf_counter() - t
             steps["spec"] += out.steps
             stats.append(out.stats)

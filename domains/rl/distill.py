@@ -12,7 +12,7 @@ divergence, then reports alpha before and after on held-out states of fresh poli
 >>> _ = torch.manual_seed(0)
 >>> teacher = MLPPolicy(4, 2, hidden=(32,)).eval()
 >>> student = MLPPolicy(4, 2, hidden=(8,))
->>> rep = distill_policy(teacher, student, lambda: gym.make("CartPole-v1"), episodes=4, steps=200, seed=0)
+>>> rep = distill_policy(teacher, student, lambda: gym.make("CartPole-v1"), episodes=4, steps=200, rng=0)
 >>> rep.acceptance_after > rep.acceptance_before
 True
 """
@@ -25,8 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from speculate import theory
+
+from .api import rollouts
 from .policies import action_distributions, batch_observations
-from .speculative import rollouts
+from .seeding import int_seed
 
 __all__ = ["DistillReport", "acceptance", "distill_policy"]
 
@@ -44,33 +47,20 @@ class DistillReport:
     history: list = field(default_factory=list, repr=False)  #: (step, loss) every 10% of steps
 
 
-def _gaussian_acceptance(lp: np.ndarray, sp_: np.ndarray, lq: np.ndarray, sq: np.ndarray,
-                         rng: np.random.Generator, n_mc: int = 256) -> np.ndarray:
-    """Per state: 1 - TV between N(lp, sp^2) and N(lq, sq^2) (independent coordinates)."""
-    from scipy.stats import norm
-
-    N = lp.shape[0]
-    lp, sp_, lq, sq = (a.reshape(N, -1) for a in (lp, sp_, lq, sq))
-    if np.array_equal(sp_, sq):  # equal scales: 2 Phi(-delta/2), delta the whitened distance
-        delta = np.sqrt((((lp - lq) / sp_) ** 2).sum(axis=1))
-        return 2.0 * norm.cdf(-delta / 2.0)
-    z = rng.standard_normal((n_mc, *lq.shape))  # E_{x~q} min(1, p(x)/q(x)), Monte Carlo
-    x = lq + sq * z
-    logp = norm.logpdf(x, lp, sp_).sum(-1)
-    logq = norm.logpdf(x, lq, sq).sum(-1)
-    return np.minimum(1.0, np.exp(logp - logq)).mean(axis=0)
-
-
 def acceptance(policy: Callable, draft: Callable, observations: Any, action_space: Any,
-               seed: int = 0) -> float:
-    """Mean acceptance E_s[1 - TV(policy(.|s), draft(.|s))] over a batch of observations."""
+               rng: int | np.random.Generator | None = 0) -> float:
+    """Mean acceptance E_s[1 - TV(policy(.|s), draft(.|s))] over a batch of observations.
+
+    Categorical actions: :func:`speculate.theory.acceptance_rate`; Normal actions:
+    :func:`speculate.theory.normal_acceptance` (the closed form 2 Phi(-delta/2) for equal stds, a
+    Monte Carlo estimate drawn with ``rng`` otherwise).
+    """
     p = action_distributions(policy, observations, action_space)
     q = action_distributions(draft, observations, action_space)
     if hasattr(p, "probs"):
-        return float(np.minimum(p.probs, q.probs).sum(axis=-1).mean())
-    acc = _gaussian_acceptance(p.loc, np.broadcast_to(p.scale, p.loc.shape), q.loc,
-                               np.broadcast_to(q.scale, q.loc.shape), np.random.default_rng(seed))
-    return float(acc.mean())
+        return float(np.mean(theory.acceptance_rate(p.probs, q.probs)))
+    acc = theory.normal_acceptance(p.loc, p.scale, q.loc, q.scale, batch_ndims=1, rng=rng)
+    return float(np.mean(acc))
 
 
 def _states(env: Any, policy: Callable, episodes: int, max_steps: int, seed: int) -> list:
@@ -78,12 +68,12 @@ def _states(env: Any, policy: Callable, episodes: int, max_steps: int, seed: int
     import gymnasium as gym
 
     if isinstance(env, gym.Env):
-        runs = [rollouts(env, policy, max_steps=max_steps, seed=seed + i) for i in range(episodes)]
+        runs = [rollouts(env, policy, max_steps=max_steps, rng=seed + i) for i in range(episodes)]
     elif callable(env):
-        runs = [rollouts([env] * episodes, policy, max_steps=max_steps, seed=seed)]
+        runs = [rollouts([env] * episodes, policy, max_steps=max_steps, rng=seed)]
     else:
         reps = -(-episodes // len(env))
-        runs = [rollouts(env, policy, max_steps=max_steps, seed=seed + i) for i in range(reps)]
+        runs = [rollouts(env, policy, max_steps=max_steps, rng=seed + i) for i in range(reps)]
     return [o for out in runs for t in out for o in list(t.observations[: len(t)])]
 
 
@@ -135,7 +125,7 @@ def distill_policy(
     loss: str = "kl",
     on: str = "policy",
     heldout_episodes: int | None = None,
-    seed: int = 0,
+    rng: int | np.random.Generator | None = 0,
 ) -> DistillReport:
     """Train the torch module ``draft`` (in place) to match ``policy``; report acceptance before/after.
 
@@ -147,7 +137,8 @@ def distill_policy(
     acceptance is measured. ``loss``: ``"kl"`` = KL(policy || draft) or ``"tv"`` = total variation
     (1 - acceptance, the quantity that sets the speedup); for Normal actions, the Gaussian KL.
     ``steps`` Adam steps of ``batch_size`` states at learning rate ``lr``. The draft is left in
-    eval mode.
+    eval mode. ``rng``: an int seed (or a Generator or None, from which one is drawn); the seeds of
+    the training, draft and held-out rollouts and of torch's batch sampling are spawned from it.
     """
     import gymnasium as gym
     import torch
@@ -161,7 +152,7 @@ def distill_policy(
         raise TypeError("distill_policy trains the draft: give a torch.nn.Module with trainable parameters")
     obs_space, act_space = _spaces(env)
     discrete = isinstance(act_space, gym.spaces.Discrete)
-    ss = np.random.SeedSequence(seed)
+    ss = np.random.SeedSequence(int_seed(rng))
     s_train, s_draft, s_held, s_torch = (int(s.generate_state(1)[0]) for s in ss.spawn(4))
 
     draft.eval()
@@ -197,7 +188,7 @@ def distill_policy(
             pb = p[idx]
             if loss == "kl":
                 val = (pb * (torch.log(pb.clamp_min(1e-12)) - logq)).sum(-1).mean()
-            else:
+            else:  # TV = 1 - acceptance: theory.acceptance_rate's formula, in torch for the gradient
                 val = 0.5 * (pb - logq.exp()).abs().sum(-1).mean()
         else:
             mu_q, sd_q = _draft_outputs(draft, x[idx], False)
@@ -205,7 +196,8 @@ def distill_policy(
             if loss == "kl":
                 val = (torch.log(sd_q / sp_) + (sp_**2 + (mp - mu_q) ** 2) / (2 * sd_q**2) - 0.5)
                 val = val.reshape(len(idx), -1).sum(-1).mean()
-            else:  # 1 - 2 Phi(-delta/2) with delta the distance whitened by the policy's std
+            else:  # 1 - 2 Phi(-delta/2), delta whitened by the policy's std: theory.normal_acceptance's
+                # equal-std form, in torch for the gradient
                 delta = (((mp - mu_q) / sp_) ** 2).reshape(len(idx), -1).sum(-1).clamp_min(1e-12).sqrt()
                 val = (1 - 2 * torch.distributions.Normal(0.0, 1.0).cdf(-delta / 2)).mean()
         opt.zero_grad()

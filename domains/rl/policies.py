@@ -38,7 +38,16 @@ import numpy as np
 
 from speculate.distributions import Categorical, Normal, as_distribution
 
-__all__ = ["Prepared", "TabularPolicy", "action_distributions", "batch_observations", "policy_name", "prepare"]
+__all__ = [
+    "Prepared",
+    "TabularPolicy",
+    "action_arrays",
+    "action_distributions",
+    "batch_observations",
+    "policy_calls",
+    "policy_name",
+    "prepare",
+]
 
 
 class TabularPolicy:
@@ -169,6 +178,56 @@ def action_distributions(policy: Callable, observations: Any, action_space: Any,
     raise TypeError(
         f"speculative rollouts support Discrete and Box action spaces, got {type(action_space).__name__}"
     )
+
+
+def policy_calls(
+    policies: Sequence[Callable], rows: Sequence[int], observations: Sequence[Any], obs_space: Any, action_space: Any
+) -> list[tuple[list[int], Any]]:
+    """Observation ``i`` scored by ``policies[rows[i]]``, with ONE call per distinct policy object.
+
+    Returns ``(positions, distribution)`` per policy, in order of first appearance: the positions
+    ``i`` of its observations and their batched action distribution (a Categorical ``[n, A]`` or a
+    Normal ``(n,) x shape``).
+
+    >>> import gymnasium as gym
+    >>> a, b = TabularPolicy(np.full((16, 4), 0.25)), TabularPolicy(np.eye(4)[np.zeros(16, int)])
+    >>> env = gym.make("FrozenLake-v1")
+    >>> calls = policy_calls([a, b, a], [0, 1, 2, 1], [3, 4, 5, 6], env.observation_space, env.action_space)
+    >>> [(idx, d.batch_shape) for idx, d in calls]
+    [([0, 2], (2,)), ([1, 3], (2,))]
+    """
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(id(policies[r]), []).append(i)
+    out = []
+    for idx in groups.values():
+        batch = batch_observations(obs_space, [observations[i] for i in idx])
+        out.append((idx, action_distributions(policies[rows[idx[0]]], batch, action_space, len(idx))))
+    return out
+
+
+def action_arrays(
+    policies: Sequence[Callable], rows: Sequence[int], observations: Sequence[Any], obs_space: Any, action_space: Any
+) -> Any:
+    """:func:`policy_calls` gathered in the order of the observations: probabilities ``[M, A]``
+    (Discrete actions) or ``(loc, scale)`` ``[M, *shape]`` (Box actions)."""
+    calls = policy_calls(policies, rows, observations, obs_space, action_space)
+    discrete = isinstance(calls[0][1], Categorical)
+    if len(calls) == 1:
+        d = calls[0][1]
+        return d.probs if discrete else (d.loc, np.broadcast_to(d.scale, d.loc.shape))
+    M = len(observations)
+    out: Any = None
+    for idx, d in calls:
+        if discrete:
+            if out is None:
+                out = np.empty((M, d.num_outcomes), np.float64)
+            out[idx] = d.probs
+        else:
+            if out is None:
+                out = (np.empty((M, *d.event_shape)), np.empty((M, *d.event_shape)))
+            out[0][idx], out[1][idx] = d.loc, np.broadcast_to(d.scale, d.loc.shape)
+    return out
 
 
 def _is_list_of_dists(out: Any) -> bool:

@@ -2,15 +2,21 @@
 
 One round, for the active environments (rows):
 
-1. ``propose``: save a snapshot of each env at its committed state s_0, then k times: ONE draft-policy
-   call on the current observations of all rows still drafting, sample an action per row, save a
-   snapshot, step the env. A row stops drafting when its episode ends (its ``length`` is then the
-   number of drafted steps) or when only one more step remains before ``max_steps``.
+1. ``propose``: up to k times: ONE call of the draft (:class:`~speculate.domains.rl.drafts.PolicyDraft`)
+   on the current observations of all rows still drafting, an action per row drawn from the round's
+   ``rng``, then per row: save a snapshot, step the env. A row stops drafting when its episode ends
+   (its ``length`` is then the number of drafted steps) or when it has drafted ``need - 1`` steps
+   (the round loop's budget: the verifier's action then completes what the row still needs).
 2. ``score``: ONE target-policy call on the k+1 observations s_0..s_L of every row (all rows
    concatenated; one call per distinct policy object when envs have different policies).
 3. the round loop verifies (token, block or greedy rule of ``speculate``; no rule lives here).
 4. ``commit``: keep the accepted drafted transitions (observation, reward, flags, info as they came),
    restore the snapshot of the last kept state s_n and step the env with the verifier's action.
+
+The drafted snapshots, steps and observations of a round travel in ``Proposal.context`` (a
+:class:`Round`); the process itself keeps only the environments and their committed episodes
+(:class:`Row`). Truncation at ``max_steps`` is the caller's business
+(:func:`speculate.domains.rl.speculative_rollouts` marks it after the run).
 
 The environment's transition randomness (its ``np_random``) is part of the snapshot, so restoring
 s_n and stepping re-uses the random stream the discarded drafted steps had used. This is exact for
@@ -30,9 +36,12 @@ from typing import Any
 import numpy as np
 
 from speculate.distributions import Categorical, Normal
-from speculate.rounds import Proposal
+from speculate.rounds import Proposal, Verdict
 
-from .policies import action_distributions, batch_observations
+from .drafts import PolicyDraft
+from .policies import action_arrays
+
+__all__ = ["RolloutProcess", "Round", "Row", "own", "step_env"]
 
 
 def own(obs: Any) -> Any:
@@ -54,8 +63,8 @@ def step_env(env: Any, action: Any) -> tuple:
     return own(obs), reward, terminated, truncated, dict(info)
 
 
-class _Row:
-    """The committed trajectory of one environment."""
+class Row:
+    """The committed episode of one environment, and the environment with its snapshotter."""
 
     __slots__ = ("actions", "done", "env", "infos", "observations", "rewards", "snap", "terminated", "truncated")
 
@@ -77,55 +86,28 @@ class _Row:
             self.terminated, self.truncated, self.done = bool(terminated), bool(truncated), True
 
 
+class Round:
+    """What one round carries from ``propose`` to ``score`` and ``commit`` (``Proposal.context``)."""
+
+    __slots__ = ("lengths", "observations", "snaps", "steps")
+
+    def __init__(self, first_obs: list) -> None:
+        R = len(first_obs)
+        self.snaps: list[list] = [[] for _ in range(R)]  #: per row, the snapshot before each drafted step
+        self.steps: list[list] = [[] for _ in range(R)]  #: per row, (env action, step result) per drafted step
+        self.observations = [[o] for o in first_obs]  #: per row, s_0..s_L
+        self.lengths = np.zeros(R, np.int64)  #: per row, the drafted steps L
+
+
 class RolloutProcess:
     """Rows = environments; outcomes = actions. See the module docstring."""
 
-    def __init__(
-        self,
-        envs: list,
-        snaps: list,
-        first_obs: list,
-        policies: list,
-        drafts: list,
-        max_steps: int,
-    ) -> None:
-        self.rows = [_Row(e, s, own(o)) for e, s, o in zip(envs, snaps, first_obs, strict=True)]
-        self.policies, self.drafts = policies, drafts
+    def __init__(self, envs: list, snaps: list, first_obs: list, policies: list, draft: PolicyDraft) -> None:
+        self.rows = [Row(e, s, own(o)) for e, s, o in zip(envs, snaps, first_obs, strict=True)]
+        self.policies, self.draft = policies, draft
         self.obs_space = envs[0].observation_space
         self.act_space = envs[0].action_space
         self.discrete = hasattr(self.act_space, "n")
-        self.max_steps = max_steps
-
-    # -- policy calls: one per distinct policy object, rows of the same policy batched together
-
-    def _dists(self, which: list, rows: list[int], obs: list) -> Any:
-        """Action distributions of ``obs[i]`` under ``which[rows[i]]``: probs [M, A] or (loc, scale) [M, *shape]."""
-        M = len(obs)
-        groups: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            groups.setdefault(id(which[r]), []).append(i)
-        out: Any = None
-        for idx in groups.values():
-            pol = which[rows[idx[0]]]
-            batch = batch_observations(self.obs_space, [obs[i] for i in idx])
-            d = action_distributions(pol, batch, self.act_space, len(idx))
-            if len(groups) == 1:
-                return d.probs if self.discrete else (d.loc, np.broadcast_to(d.scale, d.loc.shape))
-            if self.discrete:
-                if out is None:
-                    out = np.empty((M, d.num_outcomes), np.float64)
-                out[idx] = d.probs
-            else:
-                if out is None:
-                    out = (np.empty((M, *d.event_shape)), np.empty((M, *d.event_shape)))
-                out[0][idx], out[1][idx] = d.loc, np.broadcast_to(d.scale, d.loc.shape)
-        return out
-
-    def _sample_draft(self, dist: Any, rows: np.ndarray, j: int, rng: np.random.Generator) -> Any:
-        """Drafted actions of ``rows`` at draft position ``j``: fresh draws from the round's ``rng``
-        (replaying earlier randomness here would bias block verification, proofs/05 statement 4;
-        tests/rl override this to show that their checks catch it)."""
-        return dist.sample(rng)
 
     def _env_action(self, a: Any) -> Any:
         if self.discrete:
@@ -134,16 +116,15 @@ class RolloutProcess:
 
     # -- the Process protocol
 
-    def propose(self, rows: np.ndarray, k: int, m: int, rng: np.random.Generator) -> Proposal:
-        if m != 1:
-            raise ValueError("speculative rollouts draft one branch per round (drafts=1)")
+    def propose(self, rows: np.ndarray, k: int, branches: int, need: np.ndarray, rng: np.random.Generator) -> Proposal:
+        if branches != 1:
+            raise ValueError("speculative rollouts draft one branch per round (branches=1)")
         R = len(rows)
-        room = np.array([self.max_steps - len(self.rows[r].actions) - 1 for r in rows])
-        limit = np.clip(room, 0, k)  # [R] the most drafted steps each row may take
-        lengths = np.zeros(R, np.int64)
-        self._snaps: list[list] = [[] for _ in range(R)]
-        self._steps: list[list] = [[] for _ in range(R)]  # drafted (action, step result) per row
-        self._obs = [[self.rows[r].observations[-1]] for r in rows]  # s_0..s_L per row
+        ids = rows.tolist()
+        committed = [self.rows[r] for r in ids]
+        ctx = Round([row.observations[-1] for row in committed])
+        lengths, obs = ctx.lengths, ctx.observations
+        limit = np.minimum(need - 1, k).tolist()  # the most drafted steps each row can use
         if self.discrete:
             A = int(self.act_space.n)
             outcomes = np.zeros((R, k), np.int64)
@@ -152,73 +133,69 @@ class RolloutProcess:
             shape = tuple(self.act_space.shape)
             outcomes = np.zeros((R, k, *shape))
             loc, scale = np.zeros((R, k, *shape)), np.ones((R, k, *shape))
-        live = [i for i in range(R) if limit[i] > 0]
+        start = np.array([len(row.actions) for row in committed])  # the episode step of each row's s_0
+        draft, env_action = self.draft, self._env_action
+        live = list(range(R))
         for j in range(k):
             live = [i for i in live if j < limit[i]]
             if not live:
                 break
-            d = self._dists(self.drafts, [int(rows[i]) for i in live], [self._obs[i][-1] for i in live])
+            dist = draft.distributions([ids[i] for i in live], [obs[i][-1] for i in live])
+            acts = draft.sample(dist, rows[live], start[live] + j, rng)
             if self.discrete:
-                dist = Categorical(probs=d, validate=False)  # [n_live, A]
-                acts = self._sample_draft(dist, rows[live], j, rng)
-                q[live, j] = d
+                q[live, j] = dist.probs
             else:
-                dist = Normal(d[0], d[1], batch_ndims=1, validate=False)  # [n_live, *shape]
-                acts = self._sample_draft(dist, rows[live], j, rng)
-                loc[live, j], scale[live, j] = d
+                loc[live, j], scale[live, j] = dist.loc, dist.scale
             outcomes[live, j] = acts
             still = []
             for i, a in zip(live, acts, strict=True):
-                row = self.rows[rows[i]]
-                self._snaps[i].append(row.snap.save())  # s_j, before the drafted step
-                step = step_env(row.env, self._env_action(a))
-                self._steps[i].append((self._env_action(a), step))
-                self._obs[i].append(step[0])
+                row = committed[i]
+                ctx.snaps[i].append(row.snap.save())  # s_j, before the drafted step
+                a = env_action(a)
+                step = step_env(row.env, a)
+                ctx.steps[i].append((a, step))
+                obs[i].append(step[0])
                 lengths[i] = j + 1
                 if not (step[2] or step[3]):
                     still.append(i)
             live = still
-        self._lengths = lengths
-        if k == 0:
-            return Proposal(outcomes, None, lengths)
         if self.discrete:
-            return Proposal(outcomes, Categorical(probs=q, validate=False), lengths)
-        return Proposal(outcomes, Normal(loc, scale, batch_ndims=2, validate=False), lengths)
+            return Proposal(outcomes, None if k == 0 else Categorical(probs=q, validate=False), lengths, ctx)
+        # a Normal even when k == 0, so that equal stds keep the reflection-coupling route
+        return Proposal(outcomes, Normal(loc, scale, batch_ndims=2, validate=False), lengths, ctx)
 
     def score(self, rows: np.ndarray, proposal: Proposal) -> Any:
+        ctx: Round = proposal.context
         R, k = len(rows), proposal.outcomes.shape[1]
-        flat_rows = [int(rows[i]) for i in range(R) for _ in self._obs[i]]
-        flat_obs = [o for i in range(R) for o in self._obs[i]]
-        d = self._dists(self.policies, flat_rows, flat_obs)  # ONE call per distinct policy
-        starts = np.cumsum([0] + [len(o) for o in self._obs])[:-1]
+        flat_rows = [int(rows[i]) for i in range(R) for _ in ctx.observations[i]]
+        flat_obs = [o for row_obs in ctx.observations for o in row_obs]
+        d = action_arrays(self.policies, flat_rows, flat_obs, self.obs_space, self.act_space)  # ONE call per policy
+        starts = np.cumsum([0] + [len(o) for o in ctx.observations])[:-1]
         # position j of row i reads flat entry starts[i] + min(j, L_i): padding repeats s_L
-        idx = starts[:, None] + np.minimum(np.arange(k + 1)[None, :], self._lengths[:, None])  # [R, k+1]
+        idx = starts[:, None] + np.minimum(np.arange(k + 1)[None, :], ctx.lengths[:, None])  # [R, k+1]
         if self.discrete:
             return Categorical(probs=d[idx], validate=False)  # [R, k+1, A]
         return Normal(d[0][idx], d[1][idx], batch_ndims=2, validate=False)  # [R, k+1, *shape]
 
-    def commit(self, rows: np.ndarray, emitted: list, n_accepted: np.ndarray, branch: np.ndarray):
+    def commit(self, rows: np.ndarray, proposal: Proposal, verdict: Verdict) -> tuple[np.ndarray, np.ndarray]:
+        ctx: Round = proposal.context
+        E = verdict.outcomes  # [R, k+1, *shape]: the kept drafts, then the verifier's action
         R = len(rows)
         n_used = np.zeros(R, np.int64)
         done = np.zeros(R, bool)
-        for i in range(R):
-            row, L, n, e = self.rows[rows[i]], int(self._lengths[i]), int(n_accepted[i]), emitted[i]
-            kept = min(n, len(e))
-            for a, step in self._steps[i][:kept]:
+        for i, (r, n) in enumerate(zip(rows.tolist(), verdict.n_accepted.tolist(), strict=True)):
+            row, L, snaps = self.rows[r], int(ctx.lengths[i]), ctx.snaps[i]
+            for a, step in ctx.steps[i][:n]:
                 row.append(a, step)
-            n_used[i] = kept
-            if not row.done and len(e) > n:
+            if row.done:  # the last kept draft ended the episode (drafting stops there: n == L)
+                n_used[i] = n
+            else:
                 if n < L:
-                    row.snap.restore(self._snaps[i][n])  # RNG included: see the module docstring
-                a = self._env_action(e[n])
+                    row.snap.restore(snaps[n])  # RNG included: see the module docstring
+                a = self._env_action(E[i, n])
                 row.append(a, step_env(row.env, a))
                 n_used[i] = n + 1
-            elif kept < L:
-                row.snap.restore(self._snaps[i][kept])
-            for s in self._snaps[i]:
+            for s in snaps:
                 row.snap.release(s)
-            if len(row.actions) >= self.max_steps and not row.done:
-                row.truncated, row.done = True, True
             done[i] = row.done
-        self._snaps = []
         return n_used, done

@@ -7,7 +7,7 @@ is a finite sum over paths; :func:`trajectory_law` computes it (in floating poin
 environment's own probabilities).
 
 >>> import gymnasium as gym, numpy as np
->>> from speculate.domains.rl.exact import trajectory_law, trajectory_key
+>>> from speculate.domains.rl.trajectory_law import trajectory_law, trajectory_key
 >>> env = gym.make("FrozenLake-v1", is_slippery=True)
 >>> law = trajectory_law(env, np.full((16, 4), 0.25), steps=2)
 >>> round(float(sum(law.values())), 12)
@@ -48,10 +48,10 @@ def trajectory_law(env: Any, policy_probs: Any, steps: int) -> dict[tuple, float
     return law
 
 
-def trajectory_key(traj: Any, steps: int) -> tuple:
-    """The outcome ``(o_0, a_1, o_1, ...)`` of a trajectory's first ``steps`` steps, as in the law."""
-    t = min(steps, len(traj.actions))
-    key: list[int] = [int(traj.observations[0])]
+def trajectory_key(episode: Any, steps: int) -> tuple:
+    """The outcome ``(o_0, a_1, o_1, ...)`` of an episode's first ``steps`` steps, as in the law."""
+    t = min(steps, len(episode.actions))
+    key: list[int] = [int(episode.observations[0])]
     for i in range(t):
-        key += [int(traj.actions[i]), int(traj.observations[i + 1])]
+        key += [int(episode.actions[i]), int(episode.observations[i + 1])]
     return tuple(key)

@@ -102,8 +102,10 @@ def test_unsupported_vector_envs_and_inputs() -> None:
         speculative_rollouts([frozen, lambda: gym.make("FrozenLake8x8-v1")], UNIFORM, UNIFORM)
     with pytest.raises(ValueError, match="max_steps"):
         speculative_rollout(frozen(), UNIFORM, UNIFORM, max_steps=-1)
-    with pytest.raises(ValueError, match="seed"):
-        speculative_rollout(frozen(), UNIFORM, UNIFORM, seed=-3)
+    with pytest.raises(ValueError, match="rng"):
+        speculative_rollout(frozen(), UNIFORM, UNIFORM, rng=-3)
+    with pytest.raises(TypeError, match="rng"):
+        speculative_rollout(frozen(), UNIFORM, UNIFORM, rng="0")
     with pytest.raises(ValueError, match="verify"):
         speculative_rollout(frozen(), UNIFORM, UNIFORM, verify="typical")
     with pytest.raises(TypeError, match="Discrete and Box"):

@@ -5,8 +5,9 @@ verifies by reflection maximal coupling (constant time); with unequal stds by th
 (accept min(1, p/q), residual by rejection from p). For each, n episodes of speculative and of plain
 rollouts are compared on the joint vector (a_1, o_1, a_4, o_4, a_8, o_8) (14 coordinates) with
 ``assert_same_continuous`` (Kolmogorov-Smirnov on every coordinate and 16 random projections,
-Bonferroni-corrected). Level alpha = 1e-7 per check; power: a shift of the sup-distance between the
-CDFs of any coordinate or projection by ``D`` (asserted below) is caught with probability >= 99%.
+Bonferroni-corrected). Level alpha = speculate.testing.DEFAULT_ALPHA (1e-6) per check; power: a
+shift of the sup-distance between the CDFs of any coordinate or projection by ``D`` (asserted below)
+is caught with probability >= 99%.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 import pytest
 from speculate.domains.rl import rollouts, speculative_rollouts
 
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import assert_same_continuous, ks_sample_size
 
-ALPHA = 1e-7  # per check, as tests/_calib.py
 STEPS = (0, 3, 7)  # a_1/o_1, a_4/o_4, a_8/o_8 (0-based action index)
 
 
@@ -58,6 +59,7 @@ def _sample(fn, n: int, seed: int) -> np.ndarray:
 
 
 PATHS = [(0.6, "reflection coupling"), (0.8, "general rule")]
+ROUTES = {"reflection coupling": "gaussian", "general rule": "general"}  # Stats.routes' names
 
 
 def _compare(draft_std: float, path: str, n: int, d: float) -> None:
@@ -67,8 +69,8 @@ def _compare(draft_std: float, path: str, n: int, d: float) -> None:
     assert 2 * ks_sample_size(d, alpha=ALPHA / n_checks) <= n, "not enough samples for the stated power"
     target, draft = _policies(draft_std)
     spec = _sample(lambda envs, s: speculative_rollouts(envs, target, draft, max_steps=STEPS[-1] + 1,
-                                                        lookahead=4, seed=s), n, seed=1)
-    plain = _sample(lambda envs, s: rollouts(envs, target, max_steps=STEPS[-1] + 1, seed=s), n, seed=2)
+                                                        lookahead=4, rng=s), n, seed=1)
+    plain = _sample(lambda envs, s: rollouts(envs, target, max_steps=STEPS[-1] + 1, rng=s), n, seed=2)
     assert_same_continuous(spec, plain, alpha=ALPHA, label=f"Pendulum, {path}")
 
 
@@ -89,30 +91,19 @@ def test_pendulum_acceptance_is_plausible() -> None:
     """The drafts are neither always kept nor always rejected, so both branches of the rule run."""
     target, draft = _policies(0.6)
     out = speculative_rollouts([gym.make("Pendulum-v1") for _ in range(50)], target, draft,
-                               max_steps=30, lookahead=4, seed=0)
+                               max_steps=30, lookahead=4, rng=0)
     assert 0.3 < out.stats.acceptance_rate < 0.98
     assert out.stats.rejections > 0 and out.stats.accepted > 0
 
 
 @pytest.mark.parametrize(("draft_std", "path"), PATHS)
-def test_each_path_is_the_one_taken(draft_std: float, path: str, monkeypatch) -> None:
-    """Both paths are exact, so the law cannot tell them apart: count which one verified. Rows near
-    max_steps draft fewer steps (padding), which must not push equal stds to the general rule."""
-    import speculate._dispatch as dispatch
-
-    calls = {"reflection coupling": 0, "general rule": 0}
-    gaussian, general = dispatch.verify_gaussian, dispatch._general
-
-    def count(name, fn):
-        def wrapped(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-        return wrapped
-
-    monkeypatch.setattr(dispatch, "verify_gaussian", count("reflection coupling", gaussian))
-    monkeypatch.setattr(dispatch, "_general", count("general rule", general))
+def test_each_path_is_the_one_taken(draft_std: float, path: str) -> None:
+    """Both paths are exact, so the law cannot tell them apart: count which one verified (the
+    round loop's ``stats.routes``). Rows near max_steps draft fewer steps (padding), which must not
+    push equal stds to the general rule."""
     target, draft = _policies(draft_std)
     out = speculative_rollouts([gym.make("Pendulum-v1") for _ in range(20)], target, draft,
-                               max_steps=11, lookahead=4, seed=0)
-    assert calls[path] == out.stats.rounds
-    assert sum(calls.values()) == out.stats.rounds
+                               max_steps=11, lookahead=4, rng=0)
+    assert out.stats.routes.get(ROUTES[path], 0) == out.stats.rounds
+    assert sum(out.stats.routes.values()) == out.stats.rounds
+    assert any(len(t) == 11 for t in out)  # the rows reached max_steps: some rounds were padded

@@ -18,7 +18,7 @@ def test_distill_raises_acceptance_on_cartpole(loss: str) -> None:
     teacher = MLPPolicy(4, 2, hidden=(64, 64), temperature=0.5).eval()
     student = MLPPolicy(4, 2, hidden=(16,))
     rep = distill_policy(teacher, student, lambda: gym.make("CartPole-v1"), episodes=8, max_steps=200,
-                         steps=300, loss=loss, seed=0)
+                         steps=300, loss=loss, rng=0)
     assert rep.train_states > 100 and rep.heldout_states > 20
     assert rep.acceptance_after > rep.acceptance_before + 0.05, rep
     assert rep.acceptance_after > 0.85, rep
@@ -29,7 +29,7 @@ def test_distill_gaussian_draft_on_pendulum() -> None:
     torch.manual_seed(1)
     teacher = GaussianMLPPolicy(3, 1, hidden=(32,), std=0.4).eval()
     student = GaussianMLPPolicy(3, 1, hidden=(16,), std=0.4)
-    rep = distill_policy(teacher, student, gym.make("Pendulum-v1"), episodes=3, max_steps=100, steps=300, seed=0)
+    rep = distill_policy(teacher, student, gym.make("Pendulum-v1"), episodes=3, max_steps=100, steps=300, rng=0)
     assert rep.acceptance_after > max(rep.acceptance_before, 0.8), rep
 
 
@@ -49,7 +49,7 @@ def test_behaviour_clone_fits_the_soft_linear_teacher() -> None:
     torch.manual_seed(0)
     teacher = SoftLinearPolicy([0.05, -0.07, 0.91, 0.40], temperature=0.05)
     model = MLPPolicy(4, 2, hidden=(32,), obs_scale=CARTPOLE_SCALE)
-    log = behaviour_clone(teacher, model, episodes=4, steps=300, lr=3e-3, seed=0, log_every=100)
+    log = behaviour_clone(teacher, model, episodes=4, steps=300, lr=3e-3, rng=0, log_every=100)
     assert log[-1]["cross_entropy"] < log[0]["cross_entropy"]
     x = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32) * np.float32(0.05)
     assert acceptance(teacher, model, x, gym.make("CartPole-v1").action_space) > 0.9

@@ -9,13 +9,19 @@ import pytest
 
 MODULES = [
     "speculate.domains.rl",
+    "speculate.domains.rl.api",
+    "speculate.domains.rl.drafts",
     "speculate.domains.rl.snapshots",
-    "speculate.domains.rl.snapshot_check",
+    "speculate.domains.rl.snapshots.registry",
+    "speculate.domains.rl.snapshots.plain_data",
+    "speculate.domains.rl.snapshots.snapshotter",
+    "speculate.domains.rl.snapshots.check",
     "speculate.domains.rl.policies",
-    "speculate.domains.rl.speculative",
-    "speculate.domains.rl.exact",
+    "speculate.domains.rl.seeding",
+    "speculate.domains.rl.trajectory_law",
     "speculate.domains.rl.models",
     "speculate.domains.rl.distill",
+    "speculate.domains.rl.cartpole",
     "speculate.domains.rl.conformance",
 ]
 

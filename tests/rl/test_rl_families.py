@@ -54,8 +54,8 @@ def test_discrete_families(env_id: str) -> None:
     target = HashPolicy(n, seed=1, onehot=True)
     draft = HashPolicy(n, seed=2, onehot=False)
     envs = [make() for _ in range(3)]
-    spec = speculative_rollouts(envs, target, draft, max_steps=40, lookahead=3, seed=3)
-    plain = rollouts(envs, target, max_steps=40, seed=3)
+    spec = speculative_rollouts(envs, target, draft, max_steps=40, lookahead=3, rng=3)
+    plain = rollouts(envs, target, max_steps=40, rng=3)
     for a, b in zip(spec, plain, strict=True):
         assert len(a) == len(b) and a.terminated == b.terminated and a.truncated == b.truncated
         np.testing.assert_array_equal(a.actions, b.actions)
@@ -70,7 +70,7 @@ def test_box_families(env_id: str, tmp_path, monkeypatch) -> None:
     make = lambda: gym.make(env_id)  # noqa: E731
     dim = make().action_space.shape[0]
     out = speculative_rollouts([make() for _ in range(2)], Gaussian(dim, 1, 0.3), Gaussian(dim, 1, 0.3, gain=0.8),
-                               max_steps=25, lookahead=3, seed=0)
+                               max_steps=25, lookahead=3, rng=0)
     for t in out:
         assert t.actions.shape == (len(t), dim) and t.observations.shape[0] == len(t) + 1
         assert np.all(np.isfinite(t.observations)) and (t.terminated or t.truncated)

@@ -10,8 +10,9 @@ the discarded draft that made block verification reject would come back in the n
 The environment below makes statement 4's counterexample concrete (observation = the last action;
 target pi(.|start) = (1/4, 3/4), pi(.|after 0) = (0, 1), pi(.|after 1) = (1/2, 1/2); uniform draft;
 lookahead 2): with replayed draft coins the first two actions have law (1,0): 1/2, (1,1): 1/4,
-(0,1): 1/4 instead of 3/8, 3/8, 1/4 (TV 1/8). The chi-square check (level 1e-7) must reject that
-process and accept the real one; token-wise verification stays exact even with replayed coins.
+(0,1): 1/4 instead of 3/8, 3/8, 1/4 (TV 1/8). The chi-square check (level
+speculate.testing.DEFAULT_ALPHA = 1e-6) must reject that process and accept the real one;
+token-wise verification stays exact even with replayed coins.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from speculate.domains.rl import TabularPolicy, speculative_rollouts
-from speculate.domains.rl import speculative as speculative_module
-from speculate.domains.rl.exact import trajectory_key, trajectory_law
-from speculate.domains.rl.process import RolloutProcess
+from speculate.domains.rl import api as api_module
+from speculate.domains.rl.drafts import PolicyDraft
+from speculate.domains.rl.trajectory_law import trajectory_key, trajectory_law
 
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import assert_categorical_matches, chi2_sample_size
 
-ALPHA = 1e-7  # per check, as tests/_calib.py
 PI = np.array([[0.25, 0.75], [0.0, 1.0], [0.5, 0.5]])
 DRAFT = np.full((3, 2), 0.5)
 
@@ -53,16 +54,15 @@ class LastAction(gym.Env):
 _COINS = np.random.default_rng(12345)
 
 
-class ReplayedDraftCoins(RolloutProcess):
+class ReplayedDraftCoins(PolicyDraft):
     """The mistake: the drafted action at absolute step t of row r always uses the same uniform."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.coins = _COINS.random((len(self.rows), 64))  # [rows, absolute step]
+        self.coins = _COINS.random((len(self.policies), 64))  # [rows, absolute step]
 
-    def _sample_draft(self, dist, rows, j, rng):
-        t = np.array([len(self.rows[r].actions) for r in rows]) + j
-        u = self.coins[rows, t]  # replayed, not fresh
+    def sample(self, dist, rows, steps, rng):
+        u = self.coins[rows, steps]  # replayed, not fresh
         cdf = np.cumsum(dist.probs, axis=1)  # [n, A]
         return np.minimum((cdf <= u[:, None]).sum(axis=1), dist.probs.shape[1] - 1)
 
@@ -73,7 +73,7 @@ def _keys(verify: str, n: int) -> list:
     call = 0
     while len(keys) < n:
         out = speculative_rollouts(envs, TabularPolicy(PI), TabularPolicy(DRAFT), max_steps=3, lookahead=2,
-                                   verify=verify, seed=call)
+                                   verify=verify, rng=call)
         keys += [trajectory_key(t, 2) for t in out]
         call += 1
     return keys[:n]
@@ -94,7 +94,7 @@ def test_fresh_draft_noise_is_exact(verify: str) -> None:
 
 def test_replayed_draft_noise_biases_block_and_is_caught(monkeypatch) -> None:
     law = trajectory_law(LastAction(), PI, steps=2)
-    monkeypatch.setattr(speculative_module, "RolloutProcess", ReplayedDraftCoins)
+    monkeypatch.setattr(api_module, "PolicyDraft", ReplayedDraftCoins)
     keys = _keys("block", N)
     with pytest.raises(AssertionError, match="do not follow the reference law"):
         assert_categorical_matches(keys, law, alpha=ALPHA)

@@ -56,8 +56,8 @@ def test_deterministic_policy_reproduces_plain_rollouts_on_slippery_frozenlake(v
     target = ArgmaxOf(base, 4)
     draft = TabularPolicy(rng.dirichlet(np.ones(4), size=16))  # disagrees often
     envs = [gym.make("FrozenLake-v1", is_slippery=True) for _ in range(40)]
-    spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=3, verify=verify, seed=5)
-    plain = rollouts(envs, target, max_steps=30, seed=5)
+    spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=3, verify=verify, rng=5)
+    plain = rollouts(envs, target, max_steps=30, rng=5)
     _same(spec, plain)
     assert spec.stats.rejections > 0  # the draft was wrong sometimes: restores happened
     assert any(t.terminated for t in spec) and any(len(t) > 3 for t in spec)
@@ -74,8 +74,8 @@ def test_episode_ends_inside_a_drafted_block(verify: str, lookahead: int) -> Non
     for pol, make in [(target, lambda: gym.make("CartPole-v1", max_episode_steps=13)),
                       (bad, lambda: gym.make("CartPole-v1"))]:
         envs = [make() for _ in range(8)]
-        spec = speculative_rollouts(envs, pol, draft, max_steps=500, lookahead=lookahead, verify=verify, seed=1)
-        _same(spec, rollouts(envs, pol, max_steps=500, seed=1))
+        spec = speculative_rollouts(envs, pol, draft, max_steps=500, lookahead=lookahead, verify=verify, rng=1)
+        _same(spec, rollouts(envs, pol, max_steps=500, rng=1))
         assert all(t.terminated or t.truncated for t in spec)
     assert all(t.truncated and len(t) == 13 for t in speculative_rollouts(
         [gym.make("CartPole-v1", max_episode_steps=13)], target, draft, lookahead=lookahead, verify=verify))
@@ -85,7 +85,7 @@ def test_max_steps_inside_a_block_and_zero_steps() -> None:
     target = ArgmaxOf(CartPoleLinear([0.0, 0.0, 1.0, 0.3]), 2)
     draft = CartPoleLinear([0.0, 0.0, 1.0, 0.3], temperature=0.3)
     for max_steps in (0, 1, 2, 7, 10):
-        t = speculative_rollout(gym.make("CartPole-v1"), target, draft, max_steps=max_steps, lookahead=4, seed=2)
+        t = speculative_rollout(gym.make("CartPole-v1"), target, draft, max_steps=max_steps, lookahead=4, rng=2)
         assert len(t) == max_steps and len(t.observations) == max_steps + 1
         assert t.truncated == (max_steps > 0) and not t.terminated
         assert t.observations.shape == (max_steps + 1, 4) and t.actions.dtype == np.int64
@@ -95,20 +95,53 @@ def test_same_seed_same_trajectories_and_inputs_agree() -> None:
     rng = np.random.default_rng(1)
     P, Q = rng.dirichlet(np.ones(4), size=16), rng.dirichlet(np.ones(4), size=16)
     fns = [lambda: gym.make("FrozenLake-v1", is_slippery=True)] * 5
-    a = speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=20, seed=9)
-    b = speculative_rollouts([f() for f in fns], TabularPolicy(P), TabularPolicy(Q), max_steps=20, seed=9)
-    c = speculative_rollouts(gym.vector.SyncVectorEnv(fns), TabularPolicy(P), TabularPolicy(Q), max_steps=20, seed=9)
+    a = speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=20, rng=9)
+    b = speculative_rollouts([f() for f in fns], TabularPolicy(P), TabularPolicy(Q), max_steps=20, rng=9)
+    c = speculative_rollouts(gym.vector.SyncVectorEnv(fns), TabularPolicy(P), TabularPolicy(Q), max_steps=20, rng=9)
     _same(a, b)
     _same(a, c)
-    d = speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=20, seed=10)
+    d = speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=20, rng=10)
     assert any(len(x) != len(y) or not np.array_equal(x.actions, y.actions) for x, y in zip(a, d, strict=True))
+
+
+def test_auto_lookahead_with_a_fixed_cost_ratio_is_reproducible() -> None:
+    """lookahead="auto" with cost_ratio= chooses k from the seed alone: two runs with the same rng give
+    the same episodes (and the same sequence of lookaheads), for an int seed and for a Generator."""
+    rng = np.random.default_rng(5)
+    P = rng.dirichlet(np.ones(4), size=16)
+    Q = 0.7 * P + 0.3 * rng.dirichlet(np.ones(4), size=16)
+    fns = [lambda: gym.make("FrozenLake-v1", is_slippery=True)] * 6
+
+    def go(r):
+        return speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=60, lookahead="auto",
+                                    cost_ratio=0.1, rng=r)
+
+    for make_rng in (lambda: 3, lambda: np.random.default_rng(3)):
+        a, b = go(make_rng()), go(make_rng())
+        _same(a, b)
+        assert a.stats.lookahead_counts == b.stats.lookahead_counts
+        assert a.stats.rejections > 0 and len(a.stats.lookahead_counts) > 1  # k did adapt
+
+
+def test_generator_rng_gives_plain_and_speculative_the_same_reset_seeds() -> None:
+    """rng=Generator: the reset seeds are drawn from it first, the same way in both functions, so a
+    deterministic policy reproduces plain rollouts bit for bit, as with an int seed."""
+    rng = np.random.default_rng(0)
+    target = ArgmaxOf(TabularPolicy(rng.dirichlet(np.ones(4), size=16)), 4)
+    draft = TabularPolicy(rng.dirichlet(np.ones(4), size=16))
+    envs = [gym.make("FrozenLake-v1", is_slippery=True) for _ in range(10)]
+    spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=3, rng=np.random.default_rng(8))
+    _same(spec, rollouts(envs, target, max_steps=30, rng=np.random.default_rng(8)))
+    other = rollouts(envs, target, max_steps=30, rng=np.random.default_rng(9))
+    assert any(len(x) != len(y) or not np.array_equal(x.observations, y.observations)
+               for x, y in zip(spec, other, strict=True))
 
 
 def test_draft_equal_to_policy_keeps_everything() -> None:
     rng = np.random.default_rng(2)
     pi = TabularPolicy(rng.dirichlet(np.ones(4), size=64))
     out = speculative_rollouts([gym.make("FrozenLake-v1", map_name="8x8", is_slippery=False) for _ in range(3)],
-                               pi, pi, max_steps=40, lookahead=4, verify="block", seed=0)
+                               pi, pi, max_steps=40, lookahead=4, verify="block", rng=0)
     s = out.stats
     assert s.acceptance_rate == 1.0 and s.rejections == 0
     assert s.target_calls < out.steps  # several steps per target call
@@ -120,7 +153,7 @@ def test_stats_and_ragged_rows() -> None:
     P = rng.dirichlet(np.ones(4), size=16)
     Q = 0.6 * P + 0.4 * rng.dirichlet(np.ones(4), size=16)
     out = speculative_rollouts([gym.make("FrozenLake-v1", is_slippery=True) for _ in range(30)],
-                               TabularPolicy(P), TabularPolicy(Q), max_steps=50, lookahead="auto", seed=4)
+                               TabularPolicy(P), TabularPolicy(Q), max_steps=50, lookahead="auto", rng=4)
     assert len({len(t) for t in out}) > 3
     for t in out:
         assert len(t.rewards) == len(t.actions) == len(t.infos) == len(t.observations) - 1
@@ -151,6 +184,6 @@ def test_env_that_reuses_its_observation_buffer() -> None:
     draft = lambda obs: np.zeros((len(obs), 2))  # noqa: E731
     envs = [gym.wrappers.TimeLimit(BufferEnv(), 100) for _ in range(4)]
     for verify in ("token", "block"):
-        spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=4, verify=verify, seed=0)
-        _same(spec, rollouts(envs, target, max_steps=30, seed=0))
+        spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=4, verify=verify, rng=0)
+        _same(spec, rollouts(envs, target, max_steps=30, rng=0))
         assert len({float(x) for x in spec[0].observations[:, 0]}) > 10  # not all one aliased value

@@ -34,7 +34,7 @@ MUJOCO = ["HalfCheetah-v5", "Hopper-v5", "Ant-v5", "Reacher-v5", "Pusher-v5", "I
 @pytest.mark.parametrize("steps_before", [0, 3, 17])
 def test_builtin_snapshot_is_bit_identical(env_id: str, kwargs: dict, steps_before: int) -> None:
     for seed in range(3):
-        check_snapshot(lambda: gym.make(env_id, **kwargs), seed=seed, steps_before=steps_before, steps_after=40)
+        check_snapshot(lambda: gym.make(env_id, **kwargs), rng=seed, steps_before=steps_before, steps_after=40)
     assert "data" not in snapshotter(_reset(gym.make(env_id, **kwargs))).kinds.values()  # registered savers
 
 
@@ -43,7 +43,7 @@ def test_mujoco_snapshot_is_bit_identical(env_id: str, tmp_path, monkeypatch) ->
     pytest.importorskip("mujoco")
     monkeypatch.chdir(tmp_path)  # MuJoCo writes MUJOCO_LOG.TXT to the working directory
     for seed in range(2):
-        check_snapshot(lambda: gym.make(env_id), seed=seed, steps_before=4, steps_after=30)
+        check_snapshot(lambda: gym.make(env_id), rng=seed, steps_before=4, steps_after=30)
     assert snapshotter(_reset(gym.make(env_id))).kinds[type(gym.make(env_id).unwrapped).__name__] == "mujoco"
 
 
@@ -90,7 +90,7 @@ def test_wrapper_state_is_restored(name: str) -> None:
         snap.restore(s)
         assert env.episode_lengths == 0 and env.episode_returns == 0.0 and len(lengths) == 5
         return
-    check_snapshot(lambda: wrap(gym.make(base)), seed=1, steps_before=5, steps_after=30)
+    check_snapshot(lambda: wrap(gym.make(base)), rng=1, steps_before=5, steps_after=30)
 
 
 class GridWorld(gym.Env):
@@ -117,7 +117,7 @@ class GridWorld(gym.Env):
 
 
 def test_generic_fallback_snapshots_plain_data_envs() -> None:
-    check_snapshot(lambda: gym.wrappers.TimeLimit(GridWorld(), 50), seed=0, steps_before=6, steps_after=40)
+    check_snapshot(lambda: gym.wrappers.TimeLimit(GridWorld(), 50), rng=0, steps_before=6, steps_after=40)
     assert snapshotter(_reset(GridWorld())).kinds["GridWorld"] == "data"
 
 
@@ -158,7 +158,7 @@ def test_register_snapshot_and_check_catches_an_incomplete_saver() -> None:
     # a saver that forgets the visit counts: check_snapshot must notice
     register_snapshot(Counter, lambda e: list(e.pos), lambda e, s: setattr(e, "pos", list(s)))
     with pytest.raises(AssertionError, match=r"differ|vs"):
-        check_snapshot(lambda: Counter(), seed=0, steps_before=3, steps_after=20)
+        check_snapshot(lambda: Counter(), rng=0, steps_before=3, steps_after=20)
     # the complete saver passes
     fields = ("pos", "visits", "history")
     register_snapshot(
@@ -166,7 +166,7 @@ def test_register_snapshot_and_check_catches_an_incomplete_saver() -> None:
         lambda e: copy.deepcopy([getattr(e, f) for f in fields]),
         lambda e, s: [setattr(e, f, v) for f, v in zip(fields, copy.deepcopy(s), strict=True)],
     )
-    check_snapshot(lambda: Counter(), seed=0, steps_before=3, steps_after=20)
+    check_snapshot(lambda: Counter(), rng=0, steps_before=3, steps_after=20)
     assert snapshotter(_reset(Counter())).kinds["Counter"] == "registered"
 
 

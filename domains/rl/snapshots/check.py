@@ -4,7 +4,7 @@ Use it on your own environment after :func:`speculate.domains.rl.register_snapsh
 
 >>> import gymnasium as gym
 >>> from speculate.domains.rl import check_snapshot
->>> check_snapshot(lambda: gym.make("CartPole-v1"), seed=3)
+>>> check_snapshot(lambda: gym.make("CartPole-v1"), rng=3)
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .snapshots import snapshotter
+from ..seeding import int_seed
+from .snapshotter import snapshotter
 
 __all__ = ["check_snapshot", "env_state"]
 
@@ -136,19 +137,21 @@ def _run(env: Any, actions: list[Any], *, reset: bool = False) -> list[tuple]:
 def check_snapshot(
     make_env: Callable[[], Any],
     *,
-    seed: int = 0,
+    rng: int | np.random.Generator | None = 0,
     steps_before: int = 5,
     steps_after: int = 20,
 ) -> None:
     """Raise AssertionError unless save/restore of ``make_env()``'s environments is exact.
 
-    Three environments are made. ``A`` and ``B`` are reset with ``seed`` and stepped with the same
-    random actions for ``steps_before`` steps (starting new episodes as old ones end); ``A`` is
-    saved, stepped ``steps_after`` more steps, restored and stepped again; ``C`` (reset with another
-    seed, so every bit of state differs) has ``A``'s snapshot restored into it and is stepped too;
-    ``B`` runs on uninterrupted. The step results and the complete state of every layer
+    Three environments are made. ``A`` and ``B`` are reset with the seed ``rng`` (an int drawn from
+    it when it is a Generator or None) and stepped with the same random actions for
+    ``steps_before`` steps (starting new episodes as old ones end); ``A`` is saved, stepped
+    ``steps_after`` more steps, restored and stepped again; ``C`` (reset with another seed, so
+    every bit of state differs) has ``A``'s snapshot restored into it and is stepped too; ``B``
+    runs on uninterrupted. The step results and the complete state of every layer
     (``env_state``) must be identical across all four runs.
     """
+    seed = int_seed(rng)
     a_env, b_env, c_env = make_env(), make_env(), make_env()
     a_env.reset(seed=seed)
     b_env.reset(seed=seed)
