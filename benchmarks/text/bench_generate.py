@@ -116,7 +116,7 @@ def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch
         def run(rows, seed):
             ids, mask = batch(rows, pad, device)
             out = gens[rule].generate(ids, attention_mask=mask, max_new_tokens=n_new,
-                                      eos_token_id=[], seed=seed)
+                                      eos_token_id=[], rng=seed)
             return sum(len(t) for t in out.new_tokens), out.stats
         return run
 
@@ -233,7 +233,7 @@ def sweep(target, draft, rows, args, pad) -> dict:
             else:
                 ids, mask = batch([row], pad, args.device)
                 out = gens[n].generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens,
-                                       eos_token_id=[], seed=gi)
+                                       eos_token_id=[], rng=gi)
                 stats[n].append(out.stats)
             times[n] += time.perf_counter() - t0
     tok = [s for k in ks for s in stats[f"token-{k}"]]

@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
         res = distill(target, draft, texts, divergence=div, steps=ds.steps, batch_size=ds.batch,
                       prefix_len=ds.prefix_len, continuation_len=ds.continuation_len,
                       on_policy=ds.on_policy, lr=ds.lr, eval_texts=[he_stream], eval_batch=32,
-                      eval_every=max(1, ds.steps // 6), seed=args.seed + 2, log=log)
+                      eval_every=max(1, ds.steps // 6), rng=args.seed + 2, log=log)
         el = time.perf_counter() - t0
         after = alphas(draft)
         log(f"distill {div}: {el:.0f}s {after}")

@@ -7,7 +7,7 @@
 See ``domains/text/README.md``.
 """
 
-from .generator import GenerationOutput, SpeculativeGenerator, check_vocabularies
+from .api import GenerationOutput, SpeculativeGenerator, check_vocabularies
 from .pair import load_pair
 from .sampling import SamplingConfig
 from .tokenizer import ByteTokenizer

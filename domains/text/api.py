@@ -1,4 +1,5 @@
-"""SpeculativeGenerator: exact, batched speculative decoding for transformers causal LMs.
+"""The text domain's public functions: SpeculativeGenerator (exact, batched speculative decoding for
+transformers causal LMs), its GenerationOutput, and check_vocabularies.
 
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -10,7 +11,7 @@
 ...     return LlamaForCausalLM(cfg).eval()
 >>> gen = SpeculativeGenerator(llama(2, 0), llama(1, 1), lookahead=3, verify="block")
 >>> out = gen.generate(torch.tensor([[5, 6, 7], [0, 8, 9]]), attention_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]),
-...                    max_new_tokens=6, seed=0)
+...                    max_new_tokens=6, rng=0)
 >>> [len(s) for s in out.sequences]      # prompt + 6 new tokens per row (left padding dropped)
 [9, 8]
 >>> out.stats.tokens_per_call >= 1.0
@@ -27,15 +28,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from speculate.rounds import Stats, run
+from speculate.rounds import run
+from speculate.stats import Stats
+from speculate.verify import RULES
 
 from .drafts import make_draft
-from .process import CachedModel, TextProcess, TokenBuffer, check_model, model_vocab_size
+from .kv_cache import CachedModel, check_model, model_vocab_size
+from .process import TextProcess, TokenBuffer
 from .sampling import SamplingConfig
 
 __all__ = ["GenerationOutput", "SpeculativeGenerator", "check_vocabularies"]
 
-_VERIFY = ("token", "block", "greedy")
 #: largest vocabulary difference treated as padding of one tokenizer's vocabulary
 MAX_VOCAB_PADDING = 256
 
@@ -174,21 +177,27 @@ class SpeculativeGenerator:
     4-D attention masks (checked once). ``draft``: a smaller causal LM with the same tokenizer, or
     ``"ngram"`` / ``"ngram:N"`` (prompt lookup over the last ``N`` tokens, default 3), or
     ``"early-exit:N"`` (the target's first ``N`` layers and its head). ``lookahead``: drafts per
-    round (an int, or ``"auto"`` to adapt it to the measured acceptance and cost). ``verify``:
-    ``"block"`` (Sun et al. 2024, never fewer tokens than token-wise in expectation), ``"token"`` (Leviathan et
-    al.) or ``"greedy"``; temperature 0 always uses ``"greedy"``.
+    round (an int, or ``"auto"`` to adapt it, up to ``max_lookahead``, to the measured acceptance
+    and cost). ``verify``: ``"block"`` (Sun et al. 2024, never fewer tokens than token-wise in
+    expectation), ``"token"`` (Leviathan et al.) or ``"greedy"``; temperature 0 always uses
+    ``"greedy"``. ``cost_ratio``: with ``lookahead="auto"``, a fixed cost of a draft step relative
+    to a target call instead of the measured one, so that the lookahead chosen each round (hence
+    the tokens) depends on the seed alone and seeded runs are reproducible (see
+    :func:`speculate.rounds.run`).
     """
 
     def __init__(self, target: Any, draft: Any, lookahead: int | str = 4, verify: str = "block",
-                 *, tokenizer: Any = None, draft_tokenizer: Any = None,
-                 max_lookahead: int = 16) -> None:
+                 *, cost_ratio: float | None = None, tokenizer: Any = None,
+                 draft_tokenizer: Any = None, max_lookahead: int = 16) -> None:
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
-        if verify not in _VERIFY:
-            raise ValueError(f"verify must be one of {_VERIFY}, got {verify!r}")
+        if verify not in RULES:
+            raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
         if lookahead != "auto" and (isinstance(lookahead, bool) or not isinstance(lookahead, int)
                                     or lookahead < 0):
             raise ValueError(f"lookahead must be an int >= 0 or 'auto', got {lookahead!r}")
+        if cost_ratio is not None and not 0.0 <= cost_ratio < float("inf"):
+            raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
         check_model(target)
         if isinstance(draft, torch.nn.Module):
             check_vocabularies(target, draft, tokenizer, draft_tokenizer)
@@ -197,6 +206,7 @@ class SpeculativeGenerator:
         self.draft = make_draft(draft, target)
         self.lookahead = lookahead
         self.verify = verify
+        self.cost_ratio = cost_ratio
         self.max_lookahead = max(int(max_lookahead), lookahead if isinstance(lookahead, int) else 1)
         self.vocab = model_vocab_size(target)
 
@@ -210,14 +220,15 @@ class SpeculativeGenerator:
         top_k: int | None = None,
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
-        seed: int | np.random.Generator | None = 0,
+        rng: int | np.random.Generator | None = 0,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` per row; each row stops at its first EOS.
 
         ``input_ids``: ``[B, L]`` LongTensor (with ``attention_mask`` marking padding, left or
         right) or lists of token ids. ``eos_token_id``: ``None`` uses the target's
-        ``generation_config.eos_token_id``; ``[]`` disables stopping. ``seed``: an int or numpy
-        Generator; every random choice (draft samples and verification uniforms) comes from it.
+        ``generation_config.eos_token_id``; ``[]`` disables stopping. ``rng``: an int seed, a numpy
+        Generator or None (fresh entropy); every random choice (draft samples and verification
+        uniforms) comes from it.
         """
         t_start = time.perf_counter()
         cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -232,16 +243,21 @@ class SpeculativeGenerator:
             gc = getattr(self.target, "generation_config", None)
             eos_token_id = getattr(gc, "eos_token_id", None)
         eos = np.array(sorted(_ids(eos_token_id)), dtype=np.int64)
-        tokens = TokenBuffer.from_prompts(prompts, extra=int(max_new_tokens) + self.max_lookahead + 2)
+        n_new = int(max_new_tokens)
+        tokens = TokenBuffer.from_prompts(prompts, extra=n_new)  # the loop gives no row more
         process = TextProcess(target=self._target_lm, draft=self.draft, tokens=tokens, cfg=cfg,
-                              eos=eos, max_new_tokens=int(max_new_tokens), vocab=self.vocab)
+                              eos=eos, vocab=self.vocab)
         stats, prefill = Stats(), 0.0
-        if max_new_tokens > 0:
+        if n_new > 0:
+            # cache slots past the longest row: the padded columns of ragged blocks (a row that
+            # needs fewer drafts than the block is wide) and the scoring block's own column
+            k_max = self.lookahead if isinstance(self.lookahead, int) else self.max_lookahead
             try:
-                process.start()
+                process.start(spare=min(k_max, n_new) + 2)
                 prefill = process.prefill_time
-                result = run(process, len(prompts), int(max_new_tokens), lookahead=self.lookahead,
-                             verify=verify, rng=seed, max_lookahead=self.max_lookahead,
+                result = run(process, len(prompts), n_new, lookahead=self.lookahead,
+                             verify=verify, rng=rng, max_lookahead=self.max_lookahead,
+                             cost_ratio=self.cost_ratio,
                              keep_samples=False)  # the tokens live in the TokenBuffer
             finally:
                 process.release()

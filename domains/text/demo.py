@@ -20,7 +20,7 @@ import torch
 
 from speculate import theory
 
-from .generator import SpeculativeGenerator
+from .api import SpeculativeGenerator
 
 PROMPT = 'import os\n\n\ndef read_lines(path, encoding="utf-8"):\n    """'
 
@@ -73,7 +73,7 @@ def demo(argv: list[str] | None = None) -> int:
           f"{args.temperature}{f', top-p {args.top_p}' if args.top_p else ''}.\n")
 
     ids, mask = _batch(tok, [args.prompt], args.device)
-    out = gen.generate(ids, attention_mask=mask, max_new_tokens=n, seed=args.seed,
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=n, rng=args.seed,
                        eos_token_id=tok.eos_token_id, **sample)
     text = tok.decode_bytes(out.sequences[0]).decode("utf-8", errors="replace")
     print("-" * 78 + "\n" + text + "\n" + "-" * 78)
@@ -87,7 +87,7 @@ def demo(argv: list[str] | None = None) -> int:
         for r in range(repeats):
             t_plain += _plain(target, bi, bm, n, pad, args.seed + r)
             t0 = time.perf_counter()
-            o = gen.generate(bi, attention_mask=bm, max_new_tokens=n, seed=args.seed + r,
+            o = gen.generate(bi, attention_mask=bm, max_new_tokens=n, rng=args.seed + r,
                              eos_token_id=[], **sample)
             t_spec += time.perf_counter() - t0
             stats = o.stats
@@ -105,7 +105,7 @@ def demo(argv: list[str] | None = None) -> int:
     print(f"cost ratio c = draft step (as the generator runs it) / plain target step = {c:.3f}; theoretical speedup "
           f"{theory.speedup(a, k, c):.2f}x (Leviathan et al.), best lookahead for these a, c: "
           f"{theory.optimal_lookahead(a, c, 16)}")
-    print("\nThe output law is exactly the target's (see tests/text/test_exactness.py).")
+    print("\nThe output law is exactly the target's (see tests/text/test_text_exactness.py).")
     return 0
 
 

@@ -21,7 +21,7 @@ the other. Different tokenizers are refused (``check_vocab``).
 >>> draft = LlamaForCausalLM(LlamaConfig(hidden_size=16, num_hidden_layers=1, **cfg))
 >>> stream = [list(range(200))]
 >>> res = distill(target, draft, stream, steps=30, batch_size=4, prefix_len=8,
-...               continuation_len=8, lr=1e-2, seed=0)
+...               continuation_len=8, lr=1e-2, rng=0)
 >>> res.alpha_after > res.alpha_before
 True
 """
@@ -33,8 +33,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from speculate import theory
+
+from .kv_cache import model_vocab_size
 
 DIVERGENCES = ("tv", "fkl", "rkl", "jsd")
 
@@ -64,19 +69,11 @@ class DistillResult:
 # vocabularies
 
 
-def logits_width(model: torch.nn.Module) -> int:
-    """The number of logits a causal LM produces (its output embedding's rows)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
-    return int(model.config.vocab_size)
-
-
 def check_vocab(target: torch.nn.Module, draft: torch.nn.Module, tokenizer=None,
                 draft_tokenizer=None) -> int:
     """Check that target and draft share a vocabulary; return the number of shared ids.
 
-    The rule is the library's one rule, ``speculate.domains.text.generator.check_vocabularies`` (the
+    The rule is the library's one rule, ``speculate.domains.text.check_vocabularies`` (the
     same pairs are accepted by ``distill`` and by ``SpeculativeGenerator``): equal logit widths,
     or widths differing by padding; different tokenizers and different BOS/EOS ids are refused
     with ``ValueError``. Distillation adds one requirement: every id of the tokenizer must be
@@ -93,10 +90,10 @@ def check_vocab(target: torch.nn.Module, draft: torch.nn.Module, tokenizer=None,
     ...
     ValueError: draft vocabulary (1000 ids) and target vocabulary (259 ids) differ by more ...
     """
-    from speculate.domains.text.generator import check_vocabularies
+    from .api import check_vocabularies
 
     check_vocabularies(target, draft, tokenizer, draft_tokenizer)
-    vt, vd = logits_width(target), logits_width(draft)
+    vt, vd = model_vocab_size(target), model_vocab_size(draft)
     for tok in (tokenizer, draft_tokenizer):
         if tok is not None and len(tok) > min(vt, vd):
             who = "target" if vt < vd else "draft"
@@ -208,7 +205,8 @@ def acceptance_rate(target: torch.nn.Module, draft: torch.nn.Module, input_ids: 
     """Mean of ``sum_x min(p(x), q(x))`` over the states ``input_ids[:, :t+1]``, ``t >= start``.
 
     This is the probability that token-wise speculative sampling accepts a drafted token, on
-    average over those states. ``input_ids``: int64 ``[B, L]``.
+    average over those states (``speculate.theory.acceptance_rate`` of the two models'
+    distributions, in float64). ``input_ids``: int64 ``[B, L]``.
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
@@ -217,7 +215,8 @@ def acceptance_rate(target: torch.nn.Module, draft: torch.nn.Module, input_ids: 
     lt = _logits(target, input_ids)[:, start:]  # [B, L - start, Vt]
     ld = _logits(draft, input_ids)[:, start:]  # [B, L - start, Vd]
     logp, logq = _shared_probs(lt, ld.to(lt.device), temperature)
-    return float(torch.minimum(logp.exp(), logq.exp()).sum(-1).mean())
+    p, q = logp.exp().cpu().numpy(), logq.exp().cpu().numpy()  # float32 [B, L - start, V]
+    return float(np.mean(theory.acceptance_rate(p, q)))
 
 
 @torch.no_grad()
@@ -262,7 +261,8 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
             prefix_len: int = 64, continuation_len: int = 64, on_policy: float = 1.0,
             temperature: float = 1.0, lr: float = 1e-3, weight_decay: float = 0.0,
             warmup: int = 10, grad_clip: float = 1.0, eval_texts=None, eval_batch: int = 32,
-            eval_on: str = "target", eval_every: int = 0, seed: int = 0,
+            eval_on: str = "target", eval_every: int = 0,
+            rng: int | np.random.Generator | None = 0,
             log: Callable[[str], None] | None = None) -> DistillResult:
     """Train ``draft`` in place toward ``target``; return acceptance before and after.
 
@@ -278,7 +278,10 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
     tokens sampled from the target, i.e. the states speculative sampling actually meets;
     ``eval_on="data"`` uses the corpus continuations.
 
-    ``texts``: strings (then ``tokenizer`` is required) or sequences of token ids. Models may be
+    ``rng``: an int seed, a numpy Generator or None; it seeds the torch generators of the data
+    windows, the evaluation states and the draft's samples (an int ``s`` seeds them with
+    ``s + 1`` .. ``s + 4``). ``texts``: strings (then ``tokenizer`` is required) or sequences of
+    token ids. Models may be
     on any device; the target's and draft's parameters are used where they are. Raises
     ``ValueError`` on incompatible vocabularies (see ``check_vocab``) or bad arguments.
     """
@@ -301,6 +304,7 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
     width = check_vocab(target, draft, tokenizer, draft_tokenizer)
     say = log or (lambda s: None)
     t_start = time.perf_counter()
+    seed = int(rng) if isinstance(rng, (int, np.integer)) else int(np.random.default_rng(rng).integers(2**62))
 
     stream = token_stream(texts, tokenizer if tokenizer is not None else draft_tokenizer)
     if int(stream.max()) >= width or int(stream.min()) < 0:

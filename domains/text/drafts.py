@@ -1,9 +1,11 @@
 """Drafts for text: a smaller causal LM, prompt lookup (n-gram), and early exit (self-speculation).
 
-Every draft returns, for the active rows, ``outcomes`` int64 ``[R, k]``, the draft probabilities
-``q`` float32 ``[R, k, V]`` each outcome was sampled from (after the same temperature/top-k/top-p
-as the target) or ``None`` for point-mass drafts (n-gram, greedy, ``k == 0``), and ``lengths``
-int64 ``[R]``. Verification is done by the round loop, never here.
+Every draft returns, for the active rows, a :class:`~speculate.domains.text.process.Drafted`:
+``outcomes`` int64 ``[R, k]``, the draft probabilities ``q`` float32 ``[R, k, V]`` each outcome was
+sampled from (after the same temperature/top-k/top-p as the target) or ``None`` for point-mass
+drafts (n-gram, greedy, ``k == 0``), ``lengths`` int64 ``[R]`` (never more than ``need - 1``: a row
+cannot use more drafts) and its own round ``state``, which the process hands back to its
+``advance`` after verification. Verification is done by the round loop, never here.
 
 - :class:`ModelDraft`: any transformers causal LM sharing the target's tokenizer; its vocabulary
   may be a padded prefix of the target's (or the reverse): ids the draft lacks get probability 0,
@@ -11,8 +13,9 @@ int64 ``[R]``. Verification is done by the round loop, never here.
 - :class:`NgramDraft` (``"ngram"``): prompt lookup. The last ``n`` tokens (``n`` from ``max_n``
   down to ``min_n``) are searched earlier in the row; the continuation of the most recent match is
   proposed as a point mass (one-hot ``q``), which the residual rule keeps exact. No match: 0 drafts.
-- :func:`early_exit_model` (``"early-exit:N"``): the target's first ``N`` layers, final norm and
-  head, sharing the target's weights (no copy), run as a :class:`ModelDraft` with its own cache.
+- :class:`EarlyExitDraft` (``"early-exit:N"``): the target's first ``N`` layers, final norm and
+  head (:func:`early_exit_model`), sharing the target's weights (no copy), run as a
+  :class:`ModelDraft` with its own cache.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ import torch
 
 from speculate.distributions import Categorical
 
-from .fast_llama import lean_model
-from .process import TokenBuffer, check_model, model_vocab_size
+from .kv_cache import _text_config, advance_length, check_model, model_vocab_size
+from .lean_llama import lean_model
+from .process import Drafted, TokenBuffer
 from .sampling import SamplingConfig, probabilities
 
-__all__ = ["ModelDraft", "NgramDraft", "early_exit_model", "make_draft"]
+__all__ = ["EarlyExitDraft", "ModelDraft", "NgramDraft", "early_exit_model", "make_draft"]
 
 
 def _sample(q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -44,24 +48,24 @@ class ModelDraft:
 
     After each round its cache keeps the committed tokens it has seen; the tokens it has not seen
     (the verifier's last outcome, and the last draft when every draft was kept) are fed at the
-    start of the next proposal, in the same forward pass as the first draft step.
+    start of the next proposal, in the same forward pass as the first draft step. Its round state
+    (``Drafted.state``) is ``(pending, fed)``: the tokens fed before the first draft step and the
+    drafts fed after them.
     """
 
     def __init__(self, model: Any) -> None:
         check_model(model)
         self.lm = lean_model(model)  # a lean loop for Llama drafts (draft steps are mostly overhead)
         self.vocab = model_vocab_size(model)
-        cfg = _text_config(model)
+        cfg = _text_config(model.config)
         # tokens the draft lacks (a padded-prefix vocabulary) are shown to it as this id
         unk = next((v for v in (getattr(cfg, "unk_token_id", None), getattr(cfg, "pad_token_id", None))
                     if isinstance(v, int) and 0 <= v < self.vocab), 0)
         self.unknown = unk
-        self._P = np.zeros(0, np.int64)
-        self._fed = np.zeros(0, np.int64)
 
-    def reset(self, tokens: TokenBuffer, capacity: int) -> None:
+    def reset(self, tokens: TokenBuffer, capacity: int, spare: int = 0) -> None:
         B = len(tokens.n)
-        self.lm.reset(B, capacity)
+        self.lm.reset(B, capacity, spare)
         m = int(tokens.n.max()) - 1
         if m > 0:
             rows = np.arange(B, dtype=np.int64)
@@ -78,8 +82,6 @@ class ModelDraft:
 
     def select(self, keep: np.ndarray) -> None:
         self.lm.select(keep)
-        self._P, self._fed = self._P[keep] if len(self._P) else self._P, (
-            self._fed[keep] if len(self._fed) else self._fed)
 
     def _probs(self, logits: torch.Tensor, cfg: SamplingConfig, vocab: int) -> torch.Tensor:
         """Draft probabilities over the target's ``vocab`` ids: ``[R, vocab]`` float32."""
@@ -92,13 +94,15 @@ class ModelDraft:
         return probabilities(logits, cfg)
 
     def propose(
-        self, rows: np.ndarray, tokens: TokenBuffer, k: int, cfg: SamplingConfig,
+        self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray, cfg: SamplingConfig,
         rng: np.random.Generator, vocab: int,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> Drafted:
         R = len(rows)
-        if k == 0:  # nothing to draft: the unseen tokens wait for the next proposal
-            self._P, self._fed = np.zeros(R, np.int64), np.zeros(R, np.int64)
-            return np.zeros((R, 0), np.int64), None, np.zeros(R, np.int64)
+        lengths = np.minimum(np.asarray(need, dtype=np.int64) - 1, k)  # a row uses no more drafts
+        steps = int(lengths.max())  # = k in the round loop, which never asks for more
+        if steps <= 0:  # nothing to draft: the unseen tokens wait for the next proposal
+            none = np.zeros(R, np.int64)
+            return Drafted(np.zeros((R, k), np.int64), None, none, (none, none))
         self.lm.ensure_capacity(int(tokens.n[rows].max()) + k + 2)
         start = self.lm.length.copy()  # [R]
         P = tokens.n[rows] - start  # [R] tokens not yet in the draft's cache (>= 1)
@@ -109,26 +113,26 @@ class ModelDraft:
         last = logits[torch.arange(R, device=dev), torch.as_tensor(P - 1, device=dev)]  # [R, Vd]
         outcomes = np.zeros((R, k), np.int64)
         q = None if cfg.greedy else np.zeros((R, k, vocab), np.float32)
-        for i in range(k):
+        for i in range(steps):
             if cfg.greedy:  # argmax on the device; the greedy rule needs no draft probabilities
                 outcomes[:, i] = self._argmax(last, vocab).cpu().numpy()
             else:
                 qi = self._probs(last, cfg, vocab).cpu().numpy()  # [R, V]
                 q[:, i] = qi
                 outcomes[:, i] = _sample(qi, rng)
-            if i + 1 < k:
+            if i + 1 < steps:
                 x = torch.from_numpy(outcomes[:, i : i + 1])  # [R, 1]
                 last = self.lm.forward(x, start + P + i)[:, 0]  # [R, Vd]
-        self._P, self._fed = P, np.full(R, k - 1, np.int64)
-        return outcomes, q, np.full(R, k, np.int64)
+        return Drafted(outcomes, q, lengths, (P, np.full(R, steps - 1, np.int64)))
 
     def _argmax(self, logits: torch.Tensor, vocab: int) -> torch.Tensor:
         """First argmax over the ids both models have: ``[R]``."""
         return logits[..., :vocab].argmax(dim=-1)
 
-    def advance(self, n_used: np.ndarray, n_accepted: np.ndarray) -> None:
-        keep = np.minimum(np.minimum(self._fed, np.maximum(n_used - 1, 0)), n_accepted)
-        self.lm.length += np.where(n_used > 0, self._P + keep, 0)
+    def advance(self, state: Any, n_used: np.ndarray, n_accepted: np.ndarray) -> None:
+        """Keep in the cache the tokens of the round that were committed (``state`` from propose)."""
+        pending, fed = state
+        advance_length(self.lm, pending, fed, n_used, n_accepted)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -167,8 +171,9 @@ class NgramDraft:
     >>> from speculate.domains.text.process import TokenBuffer
     >>> from speculate.domains.text.sampling import SamplingConfig
     >>> buf = TokenBuffer.from_prompts([[5, 6, 7, 8, 5, 6]], extra=4)
-    >>> out, q, n = NgramDraft(max_n=2).propose(np.array([0]), buf, 3, SamplingConfig(), None, 10)
-    >>> out[0, : n[0]].tolist(), q is None   # q None: point masses
+    >>> need = np.array([10])                       # tokens the row still needs
+    >>> d = NgramDraft(max_n=2).propose(np.array([0]), buf, 3, need, SamplingConfig(), None, 10)
+    >>> d.outcomes[0, : d.lengths[0]].tolist(), d.q is None   # q None: point masses
     ([7, 8, 5], True)
     """
 
@@ -177,7 +182,7 @@ class NgramDraft:
             raise ValueError(f"ngram sizes must satisfy 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.max_n, self.min_n = max_n, min_n
 
-    def reset(self, tokens: TokenBuffer, capacity: int) -> None:
+    def reset(self, tokens: TokenBuffer, capacity: int, spare: int = 0) -> None:
         pass
 
     def release(self) -> None:
@@ -187,31 +192,27 @@ class NgramDraft:
         pass
 
     def propose(
-        self, rows: np.ndarray, tokens: TokenBuffer, k: int, cfg: SamplingConfig,
+        self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray, cfg: SamplingConfig,
         rng: np.random.Generator | None, vocab: int,
-    ) -> tuple[np.ndarray, None, np.ndarray]:
+    ) -> Drafted:
         outcomes, lengths = _lookup(tokens.ids, tokens.n, np.asarray(rows, np.int64), int(k),
                                     self.max_n, self.min_n)
-        return outcomes, None, lengths  # None: point masses at the outcomes
+        lengths = np.minimum(lengths, np.asarray(need, dtype=np.int64) - 1)  # a row uses no more
+        return Drafted(outcomes, None, lengths)  # None: point masses at the outcomes; no state
 
-    def advance(self, n_used: np.ndarray, n_accepted: np.ndarray) -> None:
+    def advance(self, state: Any, n_used: np.ndarray, n_accepted: np.ndarray) -> None:
         pass
 
 
 def _layer_path(model: Any) -> list[str]:
     """Attribute path to the decoder-layer ``ModuleList`` (e.g. ``["model", "layers"]``)."""
-    n = int(_text_config(model).num_hidden_layers)
+    n = int(_text_config(model.config).num_hidden_layers)
     found = [name for name, mod in model.named_modules()
              if isinstance(mod, torch.nn.ModuleList) and len(mod) == n and name]
     if not found:
         raise ValueError(
             f"early exit needs the {n} decoder layers of {type(model).__name__} as one ModuleList")
     return min(found, key=lambda s: s.count(".")).split(".")
-
-
-def _text_config(model: Any) -> Any:
-    cfg = model.config
-    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
 
 
 def early_exit_model(target: Any, n_layers: int) -> Any:
@@ -241,7 +242,7 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
             f"{len(layers)} layers, got {n_layers!r}"
         )
     cfg = copy.deepcopy(target.config)
-    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    text = _text_config(cfg)
     text.num_hidden_layers = n_layers
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = list(text.layer_types)[:n_layers]
@@ -251,12 +252,28 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
         c = copy.copy(mod)
         c._modules = dict(mod._modules)
         if hasattr(mod, "config"):
-            c.config = text if mod.config is _text_config(target) and mod is not target else cfg
+            c.config = text if mod.config is _text_config(target.config) and mod is not target else cfg
         copies.append(c)
     for parent, child, name in zip(copies[:-1], copies[1:], path[:-1], strict=True):
         parent._modules[name] = child
     copies[-1]._modules[path[-1]] = torch.nn.ModuleList(list(layers)[:n_layers])
     return copies[0]
+
+
+class EarlyExitDraft(ModelDraft):
+    """Self-speculation: the target's first ``n_layers`` layers, final norm and head as the draft
+    (:func:`early_exit_model`, weights shared), with a KV cache of its own.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> cfg = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+    ...                   num_attention_heads=2, num_key_value_heads=2)
+    >>> EarlyExitDraft(LlamaForCausalLM(cfg).eval(), 2).n_layers
+    2
+    """
+
+    def __init__(self, target: Any, n_layers: int) -> None:
+        super().__init__(early_exit_model(target, n_layers))
+        self.n_layers = n_layers
 
 
 _EARLY = re.compile(r"^early-exit:(\d+)$")
@@ -271,7 +288,7 @@ def make_draft(draft: Any, target: Any) -> ModelDraft | NgramDraft:
             return NgramDraft(max_n=int(m.group(1) or 3))
         m = _EARLY.match(draft)
         if m:
-            return ModelDraft(early_exit_model(target, int(m.group(1))))
+            return EarlyExitDraft(target, int(m.group(1)))
         raise ValueError(
             f"unknown draft {draft!r}: pass a causal LM, 'ngram', 'ngram:N' or 'early-exit:N'")
     if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):

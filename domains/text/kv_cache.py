@@ -1,47 +1,29 @@
-"""The text Process: a batch of token sequences, a target LM and a draft, with reusable KV caches.
+"""The position-indexed KV cache of the text domain: :class:`CachedModel` and its layers.
 
 Caches are position-indexed per row (the layout of gpt-fast's static cache, batched): row ``r``
 stores the keys and values of its committed tokens at slots ``0 .. length[r] - 1``; a forward pass
 writes the new tokens of row ``r`` at slots ``start[r] + j`` and attends to slots
 ``<= start[r] + j`` through an explicit 4-D mask, with ``position_ids = start[r] + j``. Rolling
 back a rejected block is therefore free (``length[r]`` simply does not advance past the kept
-tokens; the stale slots are overwritten by the next round), prompts of different lengths need no
-padding inside the cache, and rows with ragged acceptance never leave holes. This works with any
-transformers causal LM that honours ``position_ids`` and a 4-D ``attention_mask`` (Llama, Mistral,
-Qwen2/3, Gemma, Phi-3, GPT-2, GPT-NeoX, ...); :func:`check_model` verifies it once per model by
-comparing cached and uncached logits.
-
-The round loop (:func:`speculate.rounds.run`) drives :class:`TextProcess` through
-``propose -> score -> commit``; verification happens only there.
+tokens, :func:`advance_length`; the stale slots are overwritten by the next round), prompts of
+different lengths need no padding inside the cache, and rows with ragged acceptance never leave
+holes. This works with any transformers causal LM that honours ``position_ids`` and a 4-D
+``attention_mask`` (Llama, Mistral, Qwen2/3, Gemma, Phi-3, GPT-2, GPT-NeoX, ...);
+:func:`check_model` verifies it once per model by comparing cached and uncached logits.
+Llama drafts run in the leaner loop of ``lean_llama.py``, which keeps the same interface.
 """
 
 from __future__ import annotations
 
 import inspect
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
-from speculate.distributions import Categorical
-from speculate.rounds import Proposal
-
-from .sampling import SamplingConfig, probabilities
-
-__all__ = [
-    "CachedModel",
-    "Draft",
-    "TextProcess",
-    "TokenBuffer",
-    "check_model",
-    "model_vocab_size",
-]
-
+__all__ = ["CachedModel", "advance_length", "check_model", "model_vocab_size"]
 
 # --------------------------------------------------------------------------------------------
 # KV cache: one preallocated buffer per layer, written at per-row positions
@@ -121,9 +103,9 @@ class _RowLayer(DynamicLayer):
             self.values = self.values[indices]
 
 
-def _text_config(model: Any) -> Any:
-    cfg = model.config
-    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+def _text_config(config: Any) -> Any:
+    """The decoder's config inside ``config`` (itself for a plain causal LM's config)."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
 def model_vocab_size(model: Any) -> int:
@@ -131,7 +113,7 @@ def model_vocab_size(model: Any) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
-    return int(_text_config(model).vocab_size)
+    return int(_text_config(model.config).vocab_size)
 
 
 def _model_device(model: Any) -> torch.device:
@@ -162,7 +144,7 @@ class CachedModel:
                 f"attention implementation {impl!r} is not supported by speculate's text domain: "
                 "load the model with attn_implementation='sdpa' or 'eager'"
             )
-        cfg = _text_config(model)
+        cfg = _text_config(model.config)
         types = getattr(cfg, "layer_types", None)
         if types is not None and any(t != "full_attention" for t in types):
             raise ValueError(
@@ -183,14 +165,20 @@ class CachedModel:
     def device(self) -> torch.device:
         return _model_device(self.model)
 
-    def reset(self, batch: int, capacity: int) -> None:
-        """Empty caches for ``batch`` rows of up to ``capacity`` tokens each."""
+    def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
+        """Empty caches for ``batch`` rows of up to ``capacity`` tokens each, plus ``spare`` slots.
+
+        ``capacity`` is the longest sequence a row will hold: a sliding attention window must
+        cover it (the cache attends to every slot). The ``spare`` slots take the padded columns
+        of ragged blocks (a row with fewer drafts than the block is wide), whose outputs are
+        never used; the buffers also grow by themselves if a forward writes past them.
+        """
         if self.window is not None and capacity > self.window:
             raise ValueError(
                 f"{type(self.model).__name__} uses a sliding attention window of {self.window} "
                 f"tokens; prompts plus new tokens ({capacity}) must fit in it"
             )
-        self.slots = _Slots(capacity)
+        self.slots = _Slots(capacity + spare)
         self.cache = Cache(layers=[_RowLayer(self.slots) for _ in range(self.n_layers)])
         self.length = np.zeros(batch, np.int64)
 
@@ -313,159 +301,15 @@ def _probe(model: Any) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------
-# Token bookkeeping and the Process
+def advance_length(lm: Any, pending: np.ndarray, fed: np.ndarray, n_used: np.ndarray,
+                   n_accepted: np.ndarray) -> None:
+    """Advance ``lm.length`` (a :class:`CachedModel` or ``LeanLlama``) past the correct slots of a round.
 
-
-@dataclass
-class TokenBuffer:
-    """Committed tokens of every row: ``ids[r, :n[r]]`` (prompt first), ``np.int64``."""
-
-    ids: np.ndarray  # [B, capacity]
-    n: np.ndarray  # [B]
-    prompt_len: np.ndarray  # [B]
-
-    @classmethod
-    def from_prompts(cls, prompts: Sequence[Sequence[int]], extra: int) -> TokenBuffer:
-        B = len(prompts)
-        lens = np.array([len(p) for p in prompts], dtype=np.int64)
-        ids = np.zeros((B, int(lens.max()) + extra), dtype=np.int64)
-        for r, p in enumerate(prompts):
-            ids[r, : len(p)] = p
-        return cls(ids=ids, n=lens.copy(), prompt_len=lens)
-
-    def block(self, rows: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
-        """``[R, width]`` tokens ``ids[r, start[r] : start[r] + width]`` (zeros past the end)."""
-        cols = start[:, None] + np.arange(width)[None, :]  # [R, width]
-        cols = np.minimum(cols, self.ids.shape[1] - 1)
-        return self.ids[rows[:, None], cols]
-
-
-class Draft(Protocol):
-    """What :class:`TextProcess` needs from a draft (see ``speculate.domains.text.drafts``)."""
-
-    def reset(self, tokens: TokenBuffer, capacity: int) -> None: ...
-
-    def select(self, keep: np.ndarray) -> None: ...
-
-    def release(self) -> None: ...
-
-    def propose(
-        self, rows: np.ndarray, tokens: TokenBuffer, k: int, cfg: SamplingConfig,
-        rng: np.random.Generator, vocab: int,
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]: ...
-
-    def advance(self, n_used: np.ndarray, n_accepted: np.ndarray) -> None: ...
-
-
-@dataclass
-class TextProcess:
-    """B token sequences, the target's cache and a draft, driven by ``speculate.rounds.run``."""
-
-    target: CachedModel
-    draft: Draft
-    tokens: TokenBuffer
-    cfg: SamplingConfig
-    eos: np.ndarray  # int64 [E]
-    max_new_tokens: int
-    vocab: int
-    prefill_time: float = 0.0
-    live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows in the caches
-    _P: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # tokens fed before drafts
-    _fed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # drafts fed this round
-
-    def start(self) -> None:
-        """Fill both caches with every prompt token but the last (the last is scored first)."""
-        B = len(self.tokens.n)
-        capacity = self.tokens.ids.shape[1] + 1
-        self.live = np.arange(B, dtype=np.int64)
-        t0 = time.perf_counter()
-        self.target.reset(B, capacity)
-        m = int(self.tokens.n.max()) - 1
-        if m > 0:
-            block = self.tokens.block(self.live, np.zeros(B, np.int64), m)
-            self.target.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=True)
-            self.target.length[:] = self.tokens.n - 1
-        self.draft.reset(self.tokens, capacity)
-        self.prefill_time = time.perf_counter() - t0
-
-    def release(self) -> None:
-        """Free both models' caches once generation is over."""
-        self.target.release()
-        self.draft.release()
-
-    def _select(self, rows: np.ndarray) -> None:
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) == len(self.live) and np.array_equal(rows, self.live):
-            return
-        keep = np.searchsorted(self.live, rows)
-        if np.any(keep >= len(self.live)) or not np.array_equal(self.live[keep], rows):
-            raise RuntimeError(f"rows {rows.tolist()} are not a subset of the live rows")
-        self.target.select(keep)
-        self.draft.select(keep)
-        self.live = rows
-
-    def _grow(self, k: int) -> None:
-        need = int(self.tokens.n[self.live].max()) + k + 2
-        self.target.ensure_capacity(need)
-
-    def propose(self, rows: np.ndarray, k: int, m: int, rng: np.random.Generator) -> Any:
-        if m != 1:
-            raise NotImplementedError("the text domain drafts one branch per row (m = 1)")
-        self._select(rows)
-        self._grow(k)
-        outcomes, q, lengths = self.draft.propose(
-            self.live, self.tokens, k, self.cfg, rng, self.vocab)
-        dists = None if q is None else Categorical(probs=q, validate=False)  # None: point masses
-        return Proposal(outcomes=outcomes, dists=dists, lengths=lengths)
-
-    def score(self, rows: np.ndarray, proposal: Any) -> Any:
-        self._select(rows)
-        drafts = np.asarray(proposal.outcomes, dtype=np.int64)  # [R, k]
-        R, k = drafts.shape
-        lengths = (np.full(R, k, np.int64) if proposal.lengths is None
-                   else np.asarray(proposal.lengths, dtype=np.int64))
-        t = self.tokens
-        start = self.target.length  # [R]
-        P = t.n[self.live] - start  # [R] pending tokens (>= 1)
-        W = int(P.max()) + k
-        block = t.block(self.live, start, W)  # [R, W]
-        cols = P[:, None] + np.arange(k)[None, :]  # [R, k] where the drafts go
-        valid = np.arange(k)[None, :] < lengths[:, None]
-        rr = np.repeat(np.arange(R), k).reshape(R, k)
-        block[rr[valid], cols[valid]] = drafts[valid]
-        logits = self.target.forward(torch.from_numpy(block), start)  # [R, W, V]
-        idx = torch.as_tensor(P[:, None] - 1 + np.arange(k + 1)[None, :],
-                              device=logits.device)  # [R, k+1]
-        sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, k+1, V]
-        p = probabilities(sel, self.cfg).cpu().numpy()  # [R, k+1, V] float32
-        self._P, self._fed = P, lengths
-        return Categorical(probs=p, validate=False)
-
-    def commit(
-        self, rows: np.ndarray, emitted: Any, n_accepted: np.ndarray, branch: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        self._select(rows)
-        t, rows = self.tokens, self.live
-        R = len(rows)
-        n_accepted = np.asarray(n_accepted, dtype=np.int64)
-        lens = np.fromiter((len(e) for e in emitted), np.int64, R)
-        E = int(lens.max()) if R else 0
-        block = np.zeros((R, E), np.int64)  # [R, E] emitted tokens, zero-padded
-        for i, e in enumerate(emitted):
-            block[i, : lens[i]] = e
-        budget = self.max_new_tokens - (t.n[rows] - t.prompt_len[rows])
-        n_used = np.minimum(lens, budget)
-        valid = np.arange(E)[None, :] < n_used[:, None]  # [R, E]
-        hit = valid & np.isin(block, self.eos) if len(self.eos) else np.zeros_like(valid)
-        stop = hit.any(axis=1)
-        n_used = np.where(stop, hit.argmax(axis=1) + 1, n_used)
-        valid = np.arange(E)[None, :] < n_used[:, None]
-        rr, cc = np.nonzero(valid)
-        t.ids[rows[rr], t.n[rows][rr] + cc] = block[rr, cc]
-        t.n[rows] += n_used
-        done = stop | (t.n[rows] - t.prompt_len[rows] >= self.max_new_tokens)
-        keep = np.minimum(np.minimum(self._fed, np.maximum(n_used - 1, 0)), n_accepted)
-        self.target.length += np.where(n_used > 0, self._P + keep, 0)
-        self.draft.advance(n_used, n_accepted)
-        return n_used, done
+    In the round, row ``r`` wrote from slot ``lm.length[r]`` the ``pending[r]`` committed tokens
+    its cache lacked, then ``fed[r]`` drafted tokens; the verifier kept ``n_accepted[r]`` drafts and
+    the row used ``n_used[r]`` outcomes. Correct afterwards: the pending tokens and the fed drafts
+    that were kept and used, but not the last outcome used (it was never fed: its keys and values
+    come with the next round's first forward). A row that used nothing does not move.
+    """
+    keep = np.minimum(np.minimum(fed, np.maximum(n_used - 1, 0)), n_accepted)
+    lm.length += np.where(n_used > 0, pending + keep, 0)

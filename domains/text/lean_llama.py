@@ -6,9 +6,9 @@ dataclasses, hooks. For ``LlamaForCausalLM`` this module runs the model's own su
 rotary embedding, RMSNorms, q/k/v/o projections, MLP, head) around a KV cache of fixed tensors
 indexed by position (gpt-fast style): writing a token at slot ``p`` overwrites whatever a rejected
 draft left there, so rollback is just moving ``length`` back. Same interface as
-:class:`speculate.domains.text.process.CachedModel`; :func:`lean_model` picks it when the model allows.
+:class:`speculate.domains.text.kv_cache.CachedModel`; :func:`lean_model` picks it when the model allows.
 
-The logits agree with the transformers forward to float rounding (tests/text/test_fast_llama.py);
+The logits agree with the transformers forward to float rounding (tests/text/test_text_lean_llama.py);
 exactness does not depend on it: the verifier uses the probabilities this loop computed, which
 are the ones the drafts were sampled from.
 
@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from .kv_cache import CachedModel
+
 __all__ = ["LeanLlama", "lean_model", "supports"]
 
 
@@ -47,8 +49,6 @@ def supports(model: Any) -> bool:
 
 def lean_model(model: Any) -> Any:
     """A :class:`LeanLlama` for a supported model, else the general ``CachedModel``."""
-    from .process import CachedModel
-
     return LeanLlama(model) if supports(model) else CachedModel(model)
 
 
@@ -98,13 +98,13 @@ class LeanLlama:
                 self.v[i][:, :, :n] = old_v[i]
         self.capacity = capacity
 
-    def reset(self, batch: int, capacity: int) -> None:
-        """Empty caches for ``batch`` rows of up to ``capacity`` tokens each (in the model's current
-        dtype and device: it may have moved since)."""
+    def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
+        """Empty caches for ``batch`` rows of up to ``capacity`` tokens each plus ``spare`` slots (as
+        ``CachedModel.reset``), in the model's current dtype and device: it may have moved since."""
         p = next(self.model.parameters())
         self.dtype, self.device_ = p.dtype, p.device
         self.k, self.v = [], []
-        self._alloc(batch, capacity)
+        self._alloc(batch, capacity + spare)
         self.length = np.zeros(batch, np.int64)
 
     def release(self) -> None:

@@ -29,7 +29,9 @@ from speculate.domains.text.tokenizer import ByteTokenizer
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-# the module, not the function speculate.domains.text.distill that the package exports
+from speculate.testing import DEFAULT_ALPHA as ALPHA
+
+# the module itself: its source is the training text, its doctests run below
 distill_module = importlib.import_module("speculate.domains.text.distill")
 TEXT = (Path(distill_module.__file__).read_bytes())[:4000]
 
@@ -48,7 +50,7 @@ def pair(target_vocab: int = 259, draft_vocab: int = 259):
     return tiny(target_vocab, 32, 2, seed=0), tiny(draft_vocab, 16, 1, seed=1)
 
 
-SMALL = dict(steps=40, batch_size=8, prefix_len=8, continuation_len=8, lr=1e-2, seed=0,
+SMALL = dict(steps=40, batch_size=8, prefix_len=8, continuation_len=8, lr=1e-2, rng=0,
              eval_batch=32)
 
 
@@ -126,14 +128,14 @@ def test_sample_continuations_follows_the_model_law():
     """Two tokens sampled with the KV cache: the law of the SECOND token (which goes through the
     cache) equals sum_x1 p(x1) p(x2 | x1), computed exactly from the model.
 
-    Chi-square on V = 12 cells, n = 40000, alpha = 1e-6. A deviation of total variation d gives
-    noncentrality >= n (2 d)^2 (Cauchy-Schwarz); d = 0.03 is caught with probability >= 99%
-    (checked below with the noncentral chi-square).
+    Chi-square on V = 12 cells, n = 40000, two checks (the first and the second token) at ALPHA / 2
+    each. A deviation of total variation d gives noncentrality >= n (2 d)^2 (Cauchy-Schwarz);
+    d = 0.03 is caught with probability >= 99% (checked below with the noncentral chi-square).
     """
     model = tiny(12, 32, 2, seed=3, std=0.3, bos=None, eos=None)
     prefix = torch.tensor([[1, 5, 2, 7]])  # [1, 4]
-    n, v, alpha = 40000, 12, 1e-6
-    crit = stats.chi2.isf(alpha, v - 1)
+    n, v = 40000, 12
+    crit = stats.chi2.isf(ALPHA / 2, v - 1)
     assert stats.ncx2.sf(crit, v - 1, n * (2 * 0.03) ** 2) >= 0.99
     with torch.no_grad():
         p1 = model(prefix).logits[0, -1].double().softmax(-1)  # [V]
@@ -193,6 +195,10 @@ def test_distill_is_deterministic_and_measures_the_trained_draft():
     assert runs[0].eval_on == "data"
     # alpha_after is the acceptance of the draft as it is now, on the evaluation states
     assert 0.0 < runs[0].alpha_after <= 1.0 and ids.numel() == len(TEXT)
+    # rng= also takes a numpy Generator (SPEC 7): equal generators, equal runs
+    again = [distill(*pair(), [list(TEXT)], **{**SMALL, "steps": 5, "rng": np.random.default_rng(5)})
+             for _ in range(2)]
+    assert again[0].losses == again[1].losses
 
 
 def test_distill_strings_need_and_use_a_tokenizer():
@@ -233,7 +239,7 @@ def _word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
 
 
 def test_mismatched_vocabularies_are_refused():
-    """The library's one rule (generator.check_vocabularies) plus distill's own requirement
+    """The library's one rule (speculate.domains.text.check_vocabularies) plus distill's own requirement
     that the training ids exist in both models."""
     target = tiny(259, 16, 1)
     with pytest.raises(ValueError, match="differ by more than padding"):

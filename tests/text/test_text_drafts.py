@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from speculate.domains.text.drafts import ModelDraft, NgramDraft, early_exit_model, make_draft
+from speculate.domains.text.drafts import EarlyExitDraft, ModelDraft, NgramDraft, early_exit_model, make_draft
 from speculate.domains.text.process import TokenBuffer
 from speculate.domains.text.sampling import SamplingConfig
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -13,9 +13,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 def _lookup(seq, k, **kw):
     buf = TokenBuffer.from_prompts([seq], extra=k)
-    out, q, n = NgramDraft(**kw).propose(np.array([0]), buf, k, SamplingConfig(), None, 20)
-    assert q is None  # point masses
-    return out[0, : n[0]].tolist()
+    d = NgramDraft(**kw).propose(np.array([0]), buf, k, np.array([k + 1]), SamplingConfig(), None, 20)
+    assert d.q is None and d.state is None  # point masses, no round state
+    return d.outcomes[0, : d.lengths[0]].tolist()
 
 
 @pytest.mark.parametrize("seq,k,kw,want", [
@@ -34,8 +34,8 @@ def test_prompt_lookup(seq, k, kw, want):
 
 def test_prompt_lookup_rows_are_independent():
     buf = TokenBuffer.from_prompts([[1, 2, 1], [3, 4, 5], [6, 6]], extra=2)
-    out, _, n = NgramDraft().propose(np.array([0, 1, 2]), buf, 2, SamplingConfig(), None, 10)
-    assert n.tolist() == [2, 0, 1] and out[0].tolist() == [2, 1] and out[2, 0] == 6
+    d = NgramDraft().propose(np.array([0, 1, 2]), buf, 2, np.array([3, 3, 3]), SamplingConfig(), None, 10)
+    assert d.lengths.tolist() == [2, 0, 1] and d.outcomes[0].tolist() == [2, 1] and d.outcomes[2, 0] == 6
 
 
 def test_bad_ngram_sizes():
@@ -43,6 +43,12 @@ def test_bad_ngram_sizes():
         NgramDraft(max_n=1, min_n=2)
     assert isinstance(make_draft("ngram:5", None), NgramDraft)
     assert make_draft("ngram:5", None).max_n == 5
+
+
+def test_string_drafts_make_one_class_per_kind(make_llama):
+    ee = make_draft("early-exit:1", make_llama(layers=2))
+    assert isinstance(ee, EarlyExitDraft) and isinstance(ee, ModelDraft) and ee.n_layers == 1
+    assert type(make_draft(make_llama(layers=1, rng=1), None)) is ModelDraft
 
 
 @torch.inference_mode()
@@ -72,7 +78,7 @@ def test_early_exit_on_gpt2():
 
 
 def test_model_draft_probabilities_cover_the_target_vocabulary(make_llama):
-    draft = ModelDraft(make_llama(vocab=10, seed=1))
+    draft = ModelDraft(make_llama(vocab=10, rng=1))
     logits = torch.randn(3, 10)
     q = draft._probs(logits, SamplingConfig(top_k=4), vocab=12)
     assert q.shape == (3, 12) and (q[:, 10:] == 0).all() and ((q > 0).sum(-1) == 4).all()
@@ -95,11 +101,27 @@ def test_a_copy_of_the_target_as_draft_is_always_accepted(arch, lookahead, make_
     equal to the target must keep every draft, over many ragged rounds, on both draft cache paths."""
     import copy
 
-    from speculate.domains.text.generator import SpeculativeGenerator
+    from speculate.domains.text import SpeculativeGenerator
 
     target = make_llama(vocab=24, init_std=0.2) if arch.startswith("llama") else _qwen2()
     gen = SpeculativeGenerator(target, copy.deepcopy(target), lookahead=lookahead, verify="token")
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
-    out = gen.generate(prompts, max_new_tokens=40, eos_token_id=[], seed=0)
+    out = gen.generate(prompts, max_new_tokens=40, eos_token_id=[], rng=0)
     assert out.stats.proposed > 60
     assert out.stats.acceptance_rate > 0.999
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_drafts_never_propose_more_than_a_row_needs(kind, make_llama):
+    """A row that needs n more tokens can use at most n - 1 drafts (its kept drafts and the
+    verifier's token make n): each draft caps its per-row lengths at min(k, need - 1)."""
+    draft = ModelDraft(make_llama(layers=1, rng=1)) if kind == "model" else NgramDraft(min_n=1)
+    buf = TokenBuffer.from_prompts([[5, 6, 7, 8, 9, 10, 11, 5, 6]] * 4, extra=8)  # n-gram: 5 drafts
+    draft.reset(buf, buf.ids.shape[1], 2)
+    rows, need = np.arange(4), np.array([1, 2, 4, 9])
+    d = draft.propose(rows, buf, 5, need, SamplingConfig(), np.random.default_rng(0), 12)
+    assert d.outcomes.shape == (4, 5)
+    assert d.lengths.tolist() == [0, 1, 3, 5]
+    if kind == "model":  # the round state: one pending token, then the 4 drafts fed after it
+        pending, fed = d.state
+        assert pending.tolist() == [1] * 4 and fed.tolist() == [4] * 4

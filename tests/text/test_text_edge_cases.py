@@ -1,4 +1,5 @@
-"""Stops inside drafted blocks, budgets, bad input, vocabularies, dtypes, seeds and statistics."""
+"""Stops inside drafted blocks, budgets, bad input, vocabularies, dtypes, seeds, sliding windows and
+statistics."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_eos_inside_a_fully_accepted_block(target):
 
 def test_eos_inside_a_block_when_sampling(target):
     gen = SpeculativeGenerator(target, copy.deepcopy(target), lookahead=6)
-    out = gen.generate([[1, 2, 3]] * 200, max_new_tokens=12, eos_token_id=[0, 4], seed=3)
+    out = gen.generate([[1, 2, 3]] * 200, max_new_tokens=12, eos_token_id=[0, 4], rng=3)
     for toks in out.new_tokens:
         stops = [i for i, t in enumerate(toks) if t in (0, 4)]
         assert (stops == [] and len(toks) == 12) or stops == [len(toks) - 1]
@@ -50,6 +51,39 @@ def test_max_new_tokens_mid_block(target, n):
     assert [len(t) for t in out.new_tokens] == [n, n]
     greedy = gen.generate([1, 2], max_new_tokens=n, temperature=0, eos_token_id=[])
     assert greedy.new_tokens[0] == _greedy_tokens(target, [1, 2], n)
+
+
+def test_drafts_no_more_than_the_budget_allows(target, make_llama):
+    """With 2 new tokens a row can use one draft: whatever the lookahead, the loop asks for (and
+    every draft makes) at most 1 draft step per round."""
+    for draft in (make_llama(layers=1, rng=1), "ngram", "early-exit:1"):
+        gen = SpeculativeGenerator(target, draft, lookahead=8)
+        out = gen.generate([[1, 2, 3, 1, 2], [4, 5]], max_new_tokens=2, eos_token_id=[], rng=0)
+        s = out.stats
+        assert [len(t) for t in out.new_tokens] == [2, 2]
+        assert s.rounds >= 1 and s.draft_calls <= s.rounds and s.proposed <= s.row_rounds, draft
+        assert max(s.lookahead_counts) <= 1
+
+
+def test_sliding_window_counts_only_the_tokens_a_row_holds():
+    """Mistral with a 32-token window: a 6-token prompt and 20 new tokens fit (26 <= 32), whatever
+    the lookahead (drafts beyond a row's budget are never made, padded columns do not count)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=32,
+                        max_position_embeddings=64, initializer_range=0.3, bos_token_id=None,
+                        eos_token_id=None, pad_token_id=None)
+    target = MistralForCausalLM(cfg).double().eval()
+    prompt = [1, 5, 7, 2, 9, 3]
+    gen = SpeculativeGenerator(target, "early-exit:1", lookahead=3)
+    out = gen.generate([prompt], max_new_tokens=20, temperature=0, eos_token_id=[])
+    assert out.new_tokens[0] == _greedy_tokens(target, prompt, 20)
+    sampled = gen.generate([prompt, prompt[:2]], max_new_tokens=20, eos_token_id=[], rng=0)
+    assert [len(t) for t in sampled.new_tokens] == [20, 20]
+    with pytest.raises(ValueError, match="sliding attention window"):  # 6 + 27 > 32
+        gen.generate([prompt], max_new_tokens=27, eos_token_id=[])
 
 
 def test_max_new_tokens_zero(target):
@@ -102,9 +136,9 @@ def test_bad_generator_arguments(target, make_llama):
 
 def test_mismatched_vocabularies(target, make_llama):
     with pytest.raises(ValueError, match="different tokenizers"):
-        SpeculativeGenerator(target, make_llama(vocab=400, seed=1))
+        SpeculativeGenerator(target, make_llama(vocab=400, rng=1))
     with pytest.raises(ValueError, match="eos_token_id"):
-        SpeculativeGenerator(make_llama(eos=2), make_llama(seed=1, eos=3))
+        SpeculativeGenerator(make_llama(eos=2), make_llama(rng=1, eos=3))
 
 
 def test_tokenizers_compared_token_by_token(target, make_llama):
@@ -117,7 +151,7 @@ def test_tokenizers_compared_token_by_token(target, make_llama):
 
     same = {f"t{i}": i for i in range(12)}
     swapped = {**same, "t3": 4, "t4": 3}
-    draft = make_llama(seed=1)
+    draft = make_llama(rng=1)
     SpeculativeGenerator(target, draft, tokenizer=Tok(same), draft_tokenizer=Tok(dict(same)))
     with pytest.raises(ValueError, match="tokenizers differ"):
         SpeculativeGenerator(target, draft, tokenizer=Tok(same), draft_tokenizer=Tok(swapped))
@@ -127,8 +161,8 @@ def test_padded_prefix_vocabulary_in_both_directions(target, make_llama):
     """Draft vocab 10 < 12: the target's extra ids still appear (via residuals), fed to the draft
     as its unknown id; draft vocab 14 > 12: the draft never proposes ids the target lacks."""
     for vocab in (10, 14):
-        gen = SpeculativeGenerator(target, make_llama(vocab=vocab, seed=1), lookahead=3)
-        out = gen.generate([[1, 2, 3]] * 300, max_new_tokens=8, seed=0, eos_token_id=[])
+        gen = SpeculativeGenerator(target, make_llama(vocab=vocab, rng=1), lookahead=3)
+        out = gen.generate([[1, 2, 3]] * 300, max_new_tokens=8, rng=0, eos_token_id=[])
         toks = np.array(out.new_tokens)
         assert toks.max() < 12
         if vocab == 10:
@@ -137,25 +171,41 @@ def test_padded_prefix_vocabulary_in_both_directions(target, make_llama):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_draft_in_another_dtype(target, make_llama, dtype):
-    draft = make_llama(layers=1, seed=1, dtype=dtype)
+    draft = make_llama(layers=1, rng=1, dtype=dtype)
     gen = SpeculativeGenerator(target, draft, lookahead=3)
     out = gen.generate([1, 2, 3], max_new_tokens=20, temperature=0, eos_token_id=[])
     assert out.new_tokens[0] == _greedy_tokens(target, [1, 2, 3], 20)
-    sampled = gen.generate([[1, 2, 3]] * 50, max_new_tokens=10, seed=0, eos_token_id=[])
+    sampled = gen.generate([[1, 2, 3]] * 50, max_new_tokens=10, rng=0, eos_token_id=[])
     assert out.stats.draft_calls > 0 and all(len(t) == 10 for t in sampled.new_tokens)
 
 
-def test_seed_reproduces(target, make_llama):
-    gen = SpeculativeGenerator(target, make_llama(layers=1, seed=1), lookahead=3)
-    a = gen.generate([[1, 2, 3]] * 20, max_new_tokens=10, seed=7, top_p=0.9)
-    b = gen.generate([[1, 2, 3]] * 20, max_new_tokens=10, seed=7, top_p=0.9)
-    c = gen.generate([[1, 2, 3]] * 20, max_new_tokens=10, seed=8, top_p=0.9)
+def test_rng_reproduces(target, make_llama):
+    gen = SpeculativeGenerator(target, make_llama(layers=1, rng=1), lookahead=3)
+    a = gen.generate([[1, 2, 3]] * 20, max_new_tokens=10, rng=7, top_p=0.9)
+    b = gen.generate([[1, 2, 3]] * 20, max_new_tokens=10, rng=7, top_p=0.9)
+    c = gen.generate([[1, 2, 3]] * 20, max_new_tokens=10, rng=8, top_p=0.9)
     assert a.sequences == b.sequences and a.sequences != c.sequences
+    g1, g2 = np.random.default_rng(7), np.random.default_rng(7)  # a numpy Generator works as well
+    d = gen.generate([[1, 2, 3]] * 20, max_new_tokens=10, rng=g1, top_p=0.9)
+    assert d.sequences == gen.generate([[1, 2, 3]] * 20, max_new_tokens=10, rng=g2, top_p=0.9).sequences
+    assert len(gen.generate([[1, 2, 3]] * 2, max_new_tokens=4, rng=None).sequences[1]) == 7
+
+
+def test_auto_lookahead_with_a_fixed_cost_ratio_is_reproducible(target, make_llama):
+    """lookahead="auto" picks k from the measured timings unless cost_ratio is given; with it the
+    choice depends on the seed alone, so two seeded runs give the same tokens (and lookaheads)."""
+    gen = SpeculativeGenerator(target, make_llama(layers=1, rng=1), lookahead="auto", cost_ratio=0.1)
+    a = gen.generate([[1, 2, 3], [4, 5]] * 10, max_new_tokens=30, rng=3, eos_token_id=[])
+    b = gen.generate([[1, 2, 3], [4, 5]] * 10, max_new_tokens=30, rng=3, eos_token_id=[])
+    assert a.sequences == b.sequences
+    assert a.stats.lookahead_counts == b.stats.lookahead_counts and len(a.stats.lookahead_counts) > 1
+    with pytest.raises(ValueError, match="cost_ratio"):
+        SpeculativeGenerator(target, "ngram", lookahead="auto", cost_ratio=-1.0)
 
 
 def test_stats_are_consistent(target, make_llama):
-    gen = SpeculativeGenerator(target, make_llama(layers=1, seed=1), lookahead=4)
-    out = gen.generate([[1, 2, 3], [4, 5]], max_new_tokens=40, seed=0, eos_token_id=[])
+    gen = SpeculativeGenerator(target, make_llama(layers=1, rng=1), lookahead=4)
+    out = gen.generate([[1, 2, 3], [4, 5]], max_new_tokens=40, rng=0, eos_token_id=[])
     s = out.stats
     assert s.accepted_per_position.sum() == s.row_rounds
     assert np.dot(np.arange(len(s.accepted_per_position)), s.accepted_per_position) == s.accepted

@@ -7,8 +7,9 @@ probabilities from full forward passes of the target in float64) by one chi-squa
 (prompt, continuation) cells: the statistics of ``speculate.testing.chi2_gof`` for each prompt
 (cells with expected count < 5 merged) are summed, on the summed degrees of freedom.
 
-Calibration: each test rejects a correct generator with probability 1e-7 (the chi-square p-value
-threshold, the suite's per-check level), so this file's false-alarm rate is below 2e-6.
+Calibration: each test makes one check and rejects a correct generator with probability ALPHA =
+1e-6 (the chi-square p-value threshold, the suite's one level ``speculate.testing.DEFAULT_ALPHA``),
+so this file's false-alarm rate (18 tests) is below 2e-5.
 Power: with N rows per prompt and ``df`` degrees of freedom, a deviation of total variation
 ``eps`` in one prompt's law gives a noncentrality of at least ``4 N eps^2``; each test asserts
 (``speculate.testing.chi2_sample_size``) that its N rows catch, with probability 0.99,
@@ -33,26 +34,26 @@ import pytest
 import torch
 from scipy import stats
 from speculate.domains.text import SpeculativeGenerator
-from speculate.domains.text.conformance import continuation_law
+from speculate.domains.text.continuation_law import continuation_law
 from speculate.domains.text.sampling import SamplingConfig
 
+from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import chi2_gof, chi2_sample_size
 
 PROMPTS = [[1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2]]  # ragged; the 2nd repeats for n-gram lookups
-ALPHA = 1e-7  # false-alarm probability of each test (the suite's per-check level, tests/conftest.py)
 POWER = 0.99
 FAST_TV, SLOW_TV = 0.15, 0.08
 
 
 def sample_rows(gen: SpeculativeGenerator, n: int, n_new: int, cfg: SamplingConfig,
-                eos: list[int], seed: int) -> list[list[tuple[int, ...]]]:
+                eos: list[int], rng: int) -> list[list[tuple[int, ...]]]:
     """n continuations of each prompt from ONE generate call, rows of the prompts interleaved."""
     L = max(len(p) for p in PROMPTS)
     rows = [PROMPTS[i % len(PROMPTS)] for i in range(n * len(PROMPTS))]
     ids = torch.tensor([[0] * (L - len(p)) + p for p in rows])
     mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in rows])
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=n_new, temperature=cfg.temperature,
-                       top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=eos, seed=seed)
+                       top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=eos, rng=rng)
     by_prompt: list[list[tuple[int, ...]]] = [[] for _ in PROMPTS]
     for i, toks in enumerate(out.new_tokens):
         by_prompt[i % len(PROMPTS)].append(tuple(toks))
@@ -77,9 +78,9 @@ def assert_law(target, samples: list[list[tuple[int, ...]]], n_new: int, cfg: Sa
 
 def _draft(kind: str, make_llama):
     if kind == "model":
-        return make_llama(layers=1, hidden=16, heads=2, kv_heads=1, seed=1)
+        return make_llama(layers=1, hidden=16, heads=2, kv_heads=1, rng=1)
     if kind == "model-v10":  # vocabulary a prefix of the target's: ids 10, 11 only via residuals
-        return make_llama(vocab=10, layers=1, hidden=16, heads=2, kv_heads=1, seed=2)
+        return make_llama(vocab=10, layers=1, hidden=16, heads=2, kv_heads=1, rng=2)
     return {"ngram": "ngram", "early-exit": "early-exit:1"}[kind]
 
 
@@ -103,7 +104,7 @@ def _run(make_llama, case, max_tv):
     target = make_llama(eos=None)
     gen = SpeculativeGenerator(target, _draft(kind, make_llama), lookahead=la, verify=verify)
     cfg = SamplingConfig(temperature=t, top_k=k, top_p=p)
-    samples = sample_rows(gen, n, n_new, cfg, eos, seed=zlib.crc32(str(case).encode()))
+    samples = sample_rows(gen, n, n_new, cfg, eos, rng=zlib.crc32(str(case).encode()))
     assert_law(target, samples, n_new, cfg, eos, max_tv)
 
 
@@ -132,8 +133,8 @@ def test_output_law_with_the_embedded_pair():
     gen = SpeculativeGenerator(target, draft, lookahead=3, verify="block")
     n, chunk = 20000, 2500  # chunks keep the caches small (12 layers x 2500 rows)
     samples = []
-    for seed in range(n // chunk):
-        out = gen.generate([prompt] * chunk, max_new_tokens=2, top_k=8, seed=seed, eos_token_id=[])
+    for rng in range(n // chunk):
+        out = gen.generate([prompt] * chunk, max_new_tokens=2, top_k=8, rng=rng, eos_token_id=[])
         samples += [tuple(t) for t in out.new_tokens]
     r = chi2_gof(samples, continuation_law(target, prompt, 2, cfg))
     assert chi2_sample_size(0.06, r.df + 1, alpha=ALPHA, power=POWER) <= n

@@ -23,10 +23,10 @@ def _hf_greedy(target, prompt, n):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_on_cuda(make_llama, dtype):
     target = make_llama(dtype=dtype).cuda()
-    draft = make_llama(layers=1, seed=1, dtype=dtype).cuda()
+    draft = make_llama(layers=1, rng=1, dtype=dtype).cuda()
     gen = SpeculativeGenerator(target, draft, lookahead=4, verify="block")
     out = gen.generate(torch.tensor([[1, 2, 3]] * 64, device="cuda"), max_new_tokens=16,
-                       top_p=0.9, seed=0, eos_token_id=[])
+                       top_p=0.9, rng=0, eos_token_id=[])
     assert all(len(t) == 16 and max(t) < 12 for t in out.new_tokens)
     assert 0 <= out.stats.acceptance_rate <= 1
 
@@ -41,7 +41,7 @@ def test_float32_greedy_on_cuda_matches_generate(make_llama):
 @pytest.mark.parametrize("target_dev,draft_dev", [("cuda", "cpu"), ("cpu", "cuda")])
 def test_draft_on_another_device(make_llama, target_dev, draft_dev):
     target = make_llama(dtype=torch.float64, init_std=0.3).to(target_dev)
-    draft = make_llama(layers=1, seed=1, dtype=torch.float32).to(draft_dev)
+    draft = make_llama(layers=1, rng=1, dtype=torch.float32).to(draft_dev)
     gen = SpeculativeGenerator(target, draft, lookahead=3)
     out = gen.generate([1, 5, 7], max_new_tokens=20, temperature=0, eos_token_id=[])
     assert out.new_tokens[0] == _hf_greedy(target, [1, 5, 7], 20)

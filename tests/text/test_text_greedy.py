@@ -34,7 +34,7 @@ def _batch(prompts):
 @pytest.mark.parametrize("lookahead", [1, 4])
 def test_greedy_equals_hf_generate(make_llama, draft, lookahead):
     target = make_llama(layers=2, dtype=torch.float64, init_std=0.3)
-    d = make_llama(layers=1, hidden=16, heads=2, kv_heads=1, seed=3, dtype=torch.float64) \
+    d = make_llama(layers=1, hidden=16, heads=2, kv_heads=1, rng=3, dtype=torch.float64) \
         if draft == "model" else draft
     gen = SpeculativeGenerator(target, d, lookahead=lookahead, verify="block")
     ids, mask = _batch(PROMPTS)
@@ -47,7 +47,7 @@ def test_greedy_equals_hf_generate(make_llama, draft, lookahead):
 
 def test_batch_rows_equal_rows_alone(make_llama):
     target = make_llama(dtype=torch.float64, init_std=0.3)
-    draft = make_llama(layers=1, seed=5, dtype=torch.float64)
+    draft = make_llama(layers=1, rng=5, dtype=torch.float64)
     gen = SpeculativeGenerator(target, draft, lookahead=3)
     ids, mask = _batch(PROMPTS)
     batched = gen.generate(ids, attention_mask=mask, max_new_tokens=25, temperature=0,

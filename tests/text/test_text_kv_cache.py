@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from speculate.domains.text.fast_llama import LeanLlama, supports
-from speculate.domains.text.process import CachedModel, check_model, model_vocab_size
+from speculate.domains.text.kv_cache import CachedModel, check_model, model_vocab_size
+from speculate.domains.text.lean_llama import LeanLlama, supports
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 
@@ -109,3 +109,20 @@ def test_common_start_uses_the_models_own_causal_mask(model):
         torch.testing.assert_close(got, full, rtol=1e-6, atol=1e-6)
         assert lm.slots.uniform == at
         at += w
+
+
+def test_advance_length_keeps_the_pending_tokens_and_the_kept_fed_drafts():
+    """After a round a cache holds what it was fed and the row committed, never the last token used."""
+    from speculate.domains.text.kv_cache import advance_length
+
+    class Lengths:
+        length = np.full(6, 10)
+
+    pending = np.array([1, 1, 2, 1, 1, 1])  # committed tokens fed before the drafts
+    fed = np.array([3, 3, 2, 3, 0, 3])  # drafts fed after them
+    n_accepted = np.array([3, 1, 2, 3, 0, 2])
+    n_used = np.array([4, 2, 3, 1, 1, 0])  # row 3: EOS at the first kept draft; row 5: used nothing
+    advance_length(Lengths, pending, fed, n_used, n_accepted)
+    # all kept (+1+3), rejected after one (+1+1), two pending and both fed drafts kept, EOS: only
+    # the pending token, nothing fed (+1), nothing used (no move)
+    assert Lengths.length.tolist() == [14, 12, 14, 11, 11, 10]

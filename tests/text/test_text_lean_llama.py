@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from speculate.domains.text.fast_llama import LeanLlama, lean_model, supports
-from speculate.domains.text.process import CachedModel
+from speculate.domains.text.kv_cache import CachedModel
+from speculate.domains.text.lean_llama import LeanLlama, lean_model, supports
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 
@@ -23,7 +23,7 @@ def _tol(model):
     return 1e-6 if model.config._attn_implementation == "eager" else 1e-9
 
 
-# ragged batches with rollback, dropped rows and grown buffers: tests/text/test_cache.py runs its
+# ragged batches with rollback, dropped rows and grown buffers: tests/text/test_text_kv_cache.py runs its
 # test on this loop too
 
 
