@@ -261,6 +261,8 @@ class _FunctionProcess:
                 states[r] = path[stop_at + 1]
                 continue
             y = E[i, a]  # the verifier's outcome follows the kept drafts
+            if isinstance(y, np.generic):  # a Python scalar, as the drafted outcomes step() saw
+                y = y.item()
             states[r] = self.step(path[a], y)
             n_used.append(a + 1)
             if done is not None:

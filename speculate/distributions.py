@@ -372,7 +372,7 @@ class _Torch:
     def sample(self, rng: np.random.Generator) -> Any:
         import torch
 
-        from ._rng import child_seed
+        from .rng import child_seed
 
         devices = [self.dist.mean.device] if self.dist.mean.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):

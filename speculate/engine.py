@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._rng import as_rng
 from .distributions import as_distribution
+from .rng import as_rng
 from .verify import DEFAULT_MAX_TRIES, verify_one
 
 __all__ = ["SpeculationResult", "speculate", "speculative_sample"]

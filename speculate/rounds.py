@@ -18,6 +18,24 @@ is given; the next round uses the k in 1..max_lookahead that maximises
 speculate.theory.speedup(alpha, k, c). The choice depends only on past rounds, so every round stays
 exact (proofs/06). With measured timings k depends on the machine's speed, so a seeded run is exact
 but not bit-reproducible; pass ``cost_ratio=`` to make "auto" depend on the seed alone.
+
+A Process in full: rows of i.i.d. flips of a biased coin (the state never changes, so commit
+only takes the outcomes), the target ``P`` scored for k+1 states in one call:
+
+>>> import numpy as np, speculate as sp
+>>> P, Q = np.array([0.6, 0.4]), np.array([0.5, 0.5])
+>>> class Coins:
+...     def propose(self, rows, k, branches, need, rng):
+...         q = sp.Categorical(probs=np.broadcast_to(Q, (len(rows), k, 2)), validate=False)
+...         return Proposal(q.sample(rng), q)            # outcomes [R, k] drawn from q, fresh
+...     def score(self, rows, proposal):
+...         k = proposal.outcomes.shape[1]
+...         return sp.Categorical(probs=np.broadcast_to(P, (len(rows), k + 1, 2)), validate=False)
+...     def commit(self, rows, proposal, verdict):
+...         return verdict.n_accepted + 1, None            # every verified outcome is used
+>>> res = run(Coins(), n_rows=3, n=10, lookahead=4, rng=0)
+>>> [len(s) for s in res.samples], res.stats.target_calls < 3 * 10, res.stats.emitted
+([10, 10, 10], True, 30)
 """
 
 from __future__ import annotations
@@ -28,7 +46,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from . import theory
-from ._rng import as_rng
+from .rng import as_rng
 from .stats import Stats
 from .verify import RULES, verify_round
 

@@ -71,7 +71,7 @@ def normal_acceptance(
         delta = np.sqrt((((lp - lq) / sp_) ** 2).sum(axis=-1))
         out = 2.0 * ndtr(-delta / 2.0)
     else:
-        from ._rng import as_rng
+        from .rng import as_rng
 
         x = lq + sq * as_rng(rng).standard_normal((n_mc, *lq.shape))  # [n_mc, *batch, D]
         log_ratio = (-0.5 * ((x - lp) / sp_) ** 2 - np.log(sp_) + 0.5 * ((x - lq) / sq) ** 2 + np.log(sq)).sum(-1)

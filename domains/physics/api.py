@@ -24,51 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from speculate import Stats
-from speculate._rng import as_rng
+from speculate.rng import as_rng
 from speculate.rounds import run
 
-from .langevin import Langevin, Recorder, check_steps, check_x0, evaluate_force, nonfinite_error
-from .process import LangevinProcess
+from .forces import evaluate_force, nonfinite_error
+from .langevin import Langevin, Recorder, check_steps, check_x0
+from .process import LangevinProcess, SimulationStats
 
 __all__ = ["Simulation", "SimulationStats", "simulate", "speculative_simulate"]
 
 
 @dataclass
-class SimulationStats(Stats):
-    """The counters of a run: those of ``speculate.Stats`` and the simulation's own.
-
-    ``target_calls`` counts calls of the exact force (each call may hold many configurations);
-    ``calls_per_step`` = target_calls / steps is the sequential depth per simulated step (1 for
-    plain simulation); ``acceptance_rate`` = accepted / proposed drafted steps; ``alpha`` =
-    accepted / (accepted + rejections), the per-draft acceptance of theory;
-    ``accepted_per_position[j]`` counts (row, round) pairs that kept exactly j drafts. A plain
-    run counts as rounds without drafts (k = 0).
-    """
-
-    steps: int = 0  #: steps per replica
-    target_configurations: int = 0  #: configurations the exact force was evaluated at
-    wall_time: float = 0.0  #: seconds for the whole run
-    draft_truncations: int = 0  #: drafts cut short by a non-finite draft force or an overflow
-
-    @property
-    def calls_per_step(self) -> float:
-        """Sequential calls of the exact force per simulated step."""
-        return self.target_calls / self.steps if self.steps else float("nan")
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.steps / self.wall_time if self.wall_time > 0 else float("nan")
-
-    def as_dict(self) -> dict:
-        out = super().as_dict()
-        out["calls_per_step"], out["steps_per_second"] = self.calls_per_step, self.steps_per_second
-        return out
-
-    def summary(self) -> str:
-        return f"{super().summary()} calls_per_step={self.calls_per_step:.4g}"
-
-
 @dataclass
 class Simulation:
     """A simulated trajectory.

@@ -31,16 +31,23 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .langevin import ForceFn, evaluate_force
-
-if TYPE_CHECKING:
-    from .langevin import Langevin
+from .forces import ForceFn, evaluate_force
 
 __all__ = ["Draft", "ForceDraft", "FrozenCorrection", "FrozenDraft", "Reference", "as_draft", "frozen_correction"]
+
+
+class Stepper(Protocol):
+    """What a draft needs of the model (``langevin.Langevin`` has it): the step ``dt``, the friction
+    ``gamma`` and the Euler-Maruyama mean ``X + dt F / gamma``."""
+
+    dt: float
+    gamma: float
+
+    def mean(self, X: np.ndarray, F: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass
@@ -70,7 +77,7 @@ class Draft:
 
     def propose(
         self,
-        model: Langevin,
+        model: Stepper,
         memory: Any,
         rows: np.ndarray,
         steps: np.ndarray,
@@ -114,7 +121,7 @@ def _cut_blown(S: np.ndarray, loc: np.ndarray, lengths: np.ndarray, i: int, at: 
 
 def _cheap_steps(
     fn: ForceFn,
-    model: Langevin,
+    model: Stepper,
     S: np.ndarray,
     loc: np.ndarray,
     noise: np.ndarray,

@@ -22,19 +22,15 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .drafts import Draft
+from .drafts import Draft, as_draft
+from .forces import ForceFn, to_numpy
 
-ForceFn = Callable[[np.ndarray], Any]
-"""force(X[B, N, d]) -> forces [B, N, d] (NumPy array or torch tensor), one call for the batch."""
-
-DraftSpec = Union[ForceFn, str, "Draft"]
+DraftSpec = ForceFn | str | Draft
 """What ``Langevin(draft_force=...)`` accepts: a force function, ``"frozen"`` or ``frozen_correction(f)``."""
 
 
@@ -68,8 +64,6 @@ class Langevin:
     draft: Draft = field(init=False, repr=False, compare=False)  #: draft_force as a draft object
 
     def __post_init__(self) -> None:
-        from .drafts import as_draft  # drafts.py builds on this module's force helpers
-
         if not callable(self.force):
             raise TypeError(f"Langevin: force must be callable, got {type(self.force).__name__}")
         object.__setattr__(self, "draft", as_draft(self.draft_force))
@@ -100,45 +94,9 @@ class Langevin:
         return math.sqrt(self.dt / (2.0 * self.gamma * self.kT)) * nrm
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach") and hasattr(value, "cpu"):             # a torch tensor
-        value = value.detach().cpu().numpy()
-    return np.asarray(value, dtype=np.float64)
-
-
-def evaluate_force(
-    fn: ForceFn, X: np.ndarray, *, who: str, steps: np.ndarray | int, rows: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Call ``fn(X[B, N, d])`` once; check its shape; return (forces [B, N, d], finite [B]).
-
-    ``steps[b]`` is the step of the chain that configuration b belongs to and ``rows[b]`` its row:
-    both only name the problem in error messages. Finiteness is returned, not raised, because a
-    non-finite force at a drafted configuration that is never reached must not stop the run.
-    """
-    out = fn(X)
-    F = _to_numpy(out)
-    if F.shape != X.shape:
-        raise ValueError(
-            f"{who} returned shape {tuple(F.shape)} for configurations of shape {tuple(X.shape)} "
-            "(expected the same shape [B, N, d])"
-        )
-    finite = np.isfinite(F).reshape(F.shape[0], -1).all(axis=1)         # [B]
-    return F, finite
-
-
-def nonfinite_error(who: str, F: np.ndarray, b: int, step: int, row: int | None) -> ValueError:
-    """A ValueError naming the step, row and first bad particle of a non-finite force."""
-    bad = np.argwhere(~np.isfinite(F[b]))[0]
-    where = f"row {row}, " if row is not None else ""
-    return ValueError(
-        f"{who} is not finite at step {step} ({where}particle {bad[0]}, coordinate {bad[1]}: "
-        f"{F[b][tuple(bad)]}); the configuration has left the region where the force is defined"
-    )
-
-
 def check_x0(x0: Any) -> tuple[np.ndarray, bool]:
     """x0 [N, d] or [B, N, d] -> (float64 [B, N, d] copy, batched?)."""
-    X = _to_numpy(x0).copy()
+    X = to_numpy(x0).copy()
     if X.ndim not in (2, 3) or X.size == 0:
         raise ValueError(f"x0 must have shape [N, d] or [B, N, d] (non-empty), got {X.shape}")
     if not np.isfinite(X).all():

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from speculate._rng import as_rng, child_seed
+from speculate.rng import as_rng, child_seed
 
 
 class MLPPotential(nn.Module):

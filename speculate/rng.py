@@ -1,4 +1,11 @@
-"""Random-number plumbing: every public function takes an int seed or a numpy Generator."""
+"""Randomness: every public function of speculate and its domains takes ``rng=``: an int seed, a
+numpy Generator, or None (Scientific Python's SPEC 7). A domain turns it into a Generator with
+:func:`as_rng`, and seeds another library's generator (torch) with :func:`child_seed`.
+
+>>> from speculate.rng import as_rng
+>>> int(as_rng(0).integers(10)) == int(as_rng(0).integers(10))
+True
+"""
 
 from __future__ import annotations
 
