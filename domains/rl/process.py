@@ -27,6 +27,23 @@ commits and the target, and each rule is exact for deterministic history-depende
 averaging over the stream gives the target's law. What must never be replayed under block
 verification is the draft's own sampling randomness (statement 4): draft actions are drawn from
 the round's fresh ``rng``, never from the environment's generator.
+
+The process on its own, under the round loop (``speculative_rollouts`` builds it this way):
+
+>>> import gymnasium as gym, numpy as np
+>>> from speculate.rounds import run
+>>> from speculate.domains.rl.drafts import PolicyDraft
+>>> from speculate.domains.rl.policies import TabularPolicy, prepare
+>>> from speculate.domains.rl.snapshots import snapshotter
+>>> env = gym.make("FrozenLake-v1")
+>>> obs, _ = env.reset(seed=0)
+>>> pi = [prepare(TabularPolicy(np.full((16, 4), 0.25)))]
+>>> draft = PolicyDraft(pi, env.observation_space, env.action_space)
+>>> proc = RolloutProcess([env], [snapshotter(env)], [obs], pi, draft)
+>>> res = run(proc, 1, 6, lookahead=3, rng=0, keep_samples=False)
+>>> row = proc.rows[0]
+>>> len(row.actions) == len(row.observations) - 1 <= 6, res.stats.acceptance_rate
+(True, 1.0)
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 Each case samples rows through :class:`~speculate.domains.text.SpeculativeGenerator` and compares
 them with the exact law of :func:`~speculate.domains.text.continuation_law.continuation_law`.
 :func:`tiny_llama` builds the small random Llamas of these cases and of ``tests/text``.
+
+>>> [c.name for c in conformance_cases()]                     # doctest: +NORMALIZE_WHITESPACE
+['text: model draft, block, T=0.8 top-k 6 top-p 0.9, EOS', 'text: n-gram draft, token, top-k 5',
+ 'text: early-exit draft, block, T=1.2 top-k 6, auto lookahead']
 """
 
 from __future__ import annotations
