@@ -11,15 +11,13 @@ Run:  .venv/bin/python benchmarks/bench_chain_overhead.py   (writes benchmarks/r
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
+from report import describe, machine, write
 
 import speculate as sp
 
-OUT = Path(__file__).parent / "results"
 V, N, K, T_TARGET, REPEATS = 50, 2000, 4, 1e-3, 5
 rng0 = np.random.default_rng(0)
 P = rng0.dirichlet(np.ones(V) * 0.3, V)
@@ -63,8 +61,9 @@ def main() -> None:
                 s = int(target([s]).sample(rng)[0])
             t_plain = time.perf_counter() - t0
     rounds = st.rounds
+    env = machine()
     res = {
-        "command": "python benchmarks/bench_chain_overhead.py",
+        "command": env["command"],
         "n": N,
         "k": K,
         "target_cost_s": T_TARGET,
@@ -79,13 +78,13 @@ def main() -> None:
         "speedup_vs_plain": t_plain / t_chain,
         "tokens_per_call": st.tokens_per_call,
         "alpha": st.alpha,
+        "machine": env,
     }
-    OUT.mkdir(exist_ok=True)
-    (OUT / "chain_overhead.json").write_text(json.dumps(res, indent=2))
     pct, per_round = 100 * res["overhead_fraction"], res["overhead_per_round_us"]
     md = f"""# chain() overhead per round
 
-Command: `{res["command"]}`. Target 1 ms per call (any number of states), cheap table draft, V = {V}, n = {N}, k = {K}.
+Command: `{res["command"]}` on {describe(env)}.
+Target 1 ms per call (any number of states), cheap table draft, V = {V}, n = {N}, k = {K}.
 
 | | value |
 |---|---|
@@ -98,7 +97,7 @@ Command: `{res["command"]}`. Target 1 ms per call (any number of states), cheap 
 | speedup of chain() over plain sampling | {res["speedup_vs_plain"]:.2f}x |
 | alpha, outcomes per target call | {st.alpha:.3f}, {st.tokens_per_call:.2f} |
 """
-    (OUT / "chain_overhead.md").write_text(md)
+    write("chain_overhead", res, md)
     print(md)
 
 

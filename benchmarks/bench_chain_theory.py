@@ -12,15 +12,13 @@ Run:  .venv/bin/python benchmarks/bench_chain_theory.py   (writes benchmarks/res
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
+from report import describe, machine, write
 
 import speculate as sp
 from speculate import theory
 
-OUT = Path(__file__).parent / "results"
 V, ROWS, KS = 16, 4000, range(1, 11)
 
 
@@ -88,15 +86,13 @@ def main() -> None:
                         "theory_kind": "exact" if rule == "token" else "token theory (block >= it)",
                     }
                 )
-    OUT.mkdir(exist_ok=True)
-    cmd = "python benchmarks/bench_chain_theory.py"
-    (OUT / "chain_theory.json").write_text(
-        json.dumps({"command": cmd, "rows_per_point": ROWS, "V": V, "rows": rows}, indent=2)
-    )
+    env = machine()
+    cmd = env["command"]
     lines = [
         "# Outcomes per target call vs theory",
         "",
-        f"Command: `{cmd}`. {ROWS} chains per point, each running one round of k drafts (V = {V}, context-free p, q).",
+        f"Command: `{cmd}` on {describe(env)}.",
+        f"{ROWS} chains per point, each running one round of k drafts (V = {V}, context-free p, q).",
         "Token theory: (1 - a^(k+1)) / (1 - a). "
         "Multi-draft: expected_tokens(1 - prod(1 - alpha_i), k) is an upper bound.",
         "",
@@ -113,7 +109,6 @@ def main() -> None:
                 f"{b['measured'] / t['measured']:.3f} | {m2['measured']:.3f} | {m2['theory']:.3f} | "
                 f"{m4['measured']:.3f} | {m4['theory']:.3f} |"
             )
-    (OUT / "chain_theory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     import matplotlib
 
@@ -133,7 +128,8 @@ def main() -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle("Outcomes per target call: measured vs theory")
     fig.tight_layout()
-    fig.savefig(OUT / "chain_theory.png", dpi=110)
+    payload = {"command": cmd, "rows_per_point": ROWS, "V": V, "rows": rows, "machine": env}
+    write("chain_theory", payload, "\n".join(lines), figure=fig)
 
 
 if __name__ == "__main__":

@@ -12,18 +12,13 @@ Run:  .venv/bin/python benchmarks/bench_kernels.py   (writes benchmarks/results/
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from report import describe, machine, write
 
 from speculate.verify import verify_block, verify_greedy, verify_token
 
-OUT = Path(__file__).parent / "results"
 B, K, V = 64, 8, 32000
 
 
@@ -97,21 +92,20 @@ def main() -> None:
     full = np.empty_like(p), np.empty_like(q)
     t_full = best_of(lambda: (np.copyto(full[0], p), np.copyto(full[1], q)), repeat=10)
     t_greedy = best_of(lambda: verify_greedy(p, drafts_mixed, None))
+    env = machine()
     meta = {
-        "command": "python benchmarks/bench_kernels.py",
+        "command": env["command"],
         "setting": {"B": B, "K": K, "V": V, "dtype": "float32"},
         "full_copy_p_and_q_s": t_full,
         "full_copy_GBps": (p.nbytes + q.nbytes) / t_full / 1e9,
         "greedy_s": t_greedy,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}",
+        "machine": env,
         "regimes": results,
     }
-    OUT.mkdir(exist_ok=True)
-    (OUT / "kernels.json").write_text(json.dumps(meta, indent=2))
     lines = [
         "# Verification kernels vs a NumPy copy of the same bytes",
         "",
-        f"Command: `{meta['command']}`. Setting: B={B}, K={K}, V={V}, float32; best of 30 runs; {meta['machine']}.",
+        f"Command: `{meta['command']}`. Setting: B={B}, K={K}, V={V}, float32; best of 30 runs; {describe(env)}.",
         "",
         "Token kernel: bytes touched = the residual rows (p and q at the first rejection) or the target's bonus row.",
         "",
@@ -140,7 +134,7 @@ def main() -> None:
             f"{r['block_parallel_s'] * 1e3:.2f} ms | {t_full * 1e3:.2f} ms |"
         )
     lines += ["", f"Greedy kernel (argmax rows until the first mismatch): {t_greedy * 1e3:.2f} ms.", ""]
-    (OUT / "kernels.md").write_text("\n".join(lines))
+    write("kernels", meta, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: report.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, timed, write
+from common import timed
+from report import describe, machine, write
 from speculate.domains.physics import Langevin, frozen_correction, speculative_simulate
 from speculate.domains.physics.coulomb import ionic_fluid
 
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lookahead", type=int, default=8)
     args = ap.parse_args(argv)
+    env = machine("cpu")
     rows = []
     for n in args.cells:
         x0, system = ionic_fluid(n_cells=n)
@@ -55,13 +57,11 @@ def main(argv: list[str] | None = None) -> int:
                              "exact_k1_ms": t9 * 1e3, "draft_ms": td * 1e3})
                 print(f"  dt={dt:g} {name:14s} alpha={st.alpha:.3f} calls/step={st.calls_per_step:.3f}",
                       flush=True)
-    env = environment("cpu")
     md = [
         "# Physics: speculative Brownian dynamics of a charged Lennard-Jones fluid (Ewald target)",
         "",
         f"Command: `{env['command']}`  ",
-        f"Date: {env['date']}, commit {env['git_commit']}, CPU, load average at start "
-        f"{env['load_average_at_start'][0]:.1f}.",
+        f"Date: {env['date']}, CPU; {describe(env)}.",
         "",
         __doc__.split("\n\n")[1].replace("\n", " "),
         "",
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in sorted({r["N"] for r in rows}):
         r = next(r for r in rows if r["N"] == n)
         md.append(f"| {n} | {r['exact_ms']:.1f} | {r['exact_k1_ms']:.1f} | {r['draft_ms']:.1f} |")
-    write("physics_ionic", {"environment": env, "rows": rows}, "\n".join(md) + "\n")
+    write("physics_ionic", {"machine": env, "args": vars(args), "rows": rows}, "\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 

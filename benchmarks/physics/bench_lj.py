@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: report.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, batch_cost, environment, write
+from common import batch_cost
+from report import describe, machine, write
 from speculate.domains.physics import (
     Langevin,
     LennardJones,
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     numba.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
-    env = environment(args.device)
+    env = machine(args.device)
     acc, races, costs = [], [], {}
     for N in args.sizes:
         X, L = equilibrate(N, args.density, args.seed, args.device)
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  wall clock k={lookahead}: plain {r['plain_steps_per_s']:.1f} steps/s, "
                   f"speculative {r['speculative_steps_per_s']:.1f} steps/s "
                   f"({r['speedup']:.2f}x)", flush=True)
-    payload = {"environment": env, "args": vars(args),
+    payload = {"machine": env, "args": vars(args),
                "force_cost_s": {str(k): {str(b): t for b, t in v.items()} for k, v in costs.items()},
                "acceptance": acc, "wall_clock": races}
     met = [r for r in acc if r["alpha"] >= 0.9 and r["calls_per_step"] <= 0.35]
@@ -165,10 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "# Physics: speculative Brownian dynamics of a Lennard-Jones fluid",
         "",
         f"Command: `{env['command']}`  ",
-        f"Date: {env['date']}, commit {env['git_commit']}, device {env['device']}"
-        f"{' (' + env['gpu'] + ')' if env['gpu'] else ''}, Numba threads {env['numba_threads']}, "
-        f"{env['cpu_count']} CPUs shared with other jobs (load average at start "
-        f"{env['load_average_at_start'][0]:.1f}).",
+        f"Date: {env['date']}, device {env['device']}, Numba threads {env['numba_threads']}; "
+        f"machine (shared with other jobs): {describe(env)}.",
         "",
         f"Density {args.density}, kT = 1, gamma = 1, one trajectory of {args.steps} steps per "
         f"cell, lookahead {args.lookahead}. Exact force: all pairs, minimum image, cutoff L/2 = "
@@ -224,15 +223,16 @@ def main(argv: list[str] | None = None) -> int:
            "NOT done in this session (no GPU was available)."),
         "",
     ]
+    fig = None
     if not args.no_plot:
         md.append(f"![acceptance vs N and dt]({args.out}.png)")
-        plot(acc, args)
-    js, mdp = write(args.out, payload, "\n".join(md) + "\n")
-    print(f"wrote {js} and {mdp}")
+        fig = plot(acc, args)
+    paths = write(args.out, payload, "\n".join(md) + "\n", figure=fig)
+    print("wrote " + ", ".join(map(str, paths)))
     return 0
 
 
-def plot(acc: list, args) -> None:
+def plot(acc: list, args):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -252,7 +252,7 @@ def plot(acc: list, args) -> None:
         axes[0, j].legend(fontsize=8)
     fig.suptitle(f"LJ fluid, density {args.density}, kT = 1, lookahead {args.lookahead}")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{args.out}.png", dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: report.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import batch_cost, environment, write
+from common import batch_cost
+from report import describe, machine, write
 from speculate.domains.physics import Langevin, MuellerBrown, simulate, speculative_simulate
 from speculate.domains.physics.neural import MLPPotential, TorchForce, fit_potential
 
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
-    env = environment(args.device)
+    env = machine(args.device)
     print(f"training MLP {args.width}x{args.depth} on Mueller-Brown ...", flush=True)
     module, info = train(args.width, args.depth, args.train_steps, args.seed,
                          log_every=max(1, args.train_steps // 10))
@@ -138,17 +139,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"calls/step={res['calls_per_step']:.3f} plain={res['plain_steps_per_s']:.0f}/s "
                       f"spec={res['speculative_steps_per_s']:.0f}/s speedup={res['speedup']:.2f}x",
                       flush=True)
-    payload = {"environment": env, "args": vars(args), "training": info,
+    payload = {"machine": env, "args": vars(args), "training": info,
                "batch_cost_s": {str(k): v for k, v in cost.items()}, "runs": rows}
     best = max(rows, key=lambda r: r["speedup"])
     md = [
         "# Physics: speculative Langevin dynamics with a neural-network potential (CPU wall clock)",
         "",
         f"Command: `{env['command']}`  ",
-        f"Date: {env['date']}, commit {env['git_commit']}, device {env['device']}"
-        f"{' (' + env['gpu'] + ')' if env['gpu'] else ''}, torch threads {env['torch_threads']}, "
-        f"{env['cpu_count']} CPUs shared with other jobs (load average at start "
-        f"{env['load_average_at_start'][0]:.1f}).",
+        f"Date: {env['date']}, device {env['device']}; machine (shared with other jobs): {describe(env)}.",
         "",
         f"Target: MLP energy {args.width}x{args.depth} (SiLU, float32, autograd forces) trained on "
         f"Mueller-Brown x 0.1 ({info['training_configurations']} configurations, "
@@ -180,20 +178,20 @@ def main(argv: list[str] | None = None) -> int:
         "the trajectory by several steps. The law is unchanged (tests/physics).",
         "",
     ]
+    fig = None
     if not args.no_plot:
         md.append(f"![speedup]({args.out}.png)")
-        plot(rows, cost, args)
-    js, mdp = write(args.out, payload, "\n".join(md) + "\n")
-    print(f"wrote {js} and {mdp}")
+        fig = plot(rows, cost)
+    paths = write(args.out, payload, "\n".join(md) + "\n", figure=fig, dpi=120)
+    print("wrote " + ", ".join(map(str, paths)))
     return 0
 
 
-def plot(rows: list, cost: dict, args) -> None:
+def plot(rows: list, cost: dict):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from common import RESULTS
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     bs = sorted(cost)
@@ -211,7 +209,7 @@ def plot(rows: list, cost: dict, args) -> None:
           title="speculative vs plain, one trajectory")
     b.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{args.out}.png", dpi=120)
+    return fig
 
 
 if __name__ == "__main__":

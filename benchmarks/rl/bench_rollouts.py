@@ -23,8 +23,6 @@ with the refined prediction (1 - alpha^(k+1)) / ((1 - alpha)(k c + b)).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,10 +35,11 @@ from speculate.domains.rl import rollouts, speculative_rollouts
 from speculate import theory
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: report.py
 sys.path.insert(0, str(HERE))
 import train_cartpole  # noqa: E402
+from report import describe, machine, write  # noqa: E402
 
-RESULTS = HERE.parent / "results"
 CONFIGS = [("block", 4), ("block", 8), ("block", 16), ("token", 8), ("block", "auto")]
 
 
@@ -121,7 +120,7 @@ def markdown(rec: dict) -> str:
     lines = [
         f"# Speculative rollouts, CartPole-v1, 10.5M-parameter policy on {rec.get('device', 'cpu')}, one CPU thread",
         "",
-        f"Command: `{rec['command']}`; {rec['machine']}; torch {rec['torch']}.",
+        f"Command: `{rec['command']}`; {describe(rec['machine'])}; torch {rec['torch']}.",
         "",
         f"Policies (benchmarks/results/rl_training.md): expensive MLP {rec['big_parameters']:,} parameters, "
         f"draft MLP {rec['draft_parameters']:,} parameters. One policy call on 1 state: "
@@ -163,7 +162,7 @@ def markdown(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(rec: dict, path: Path) -> None:
+def plot(rec: dict):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,7 +181,7 @@ def plot(rec: dict, path: Path) -> None:
     ax.set_title("CartPole-v1, 10.5M-parameter policy, 1 environment, 1 CPU thread")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,11 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         big, draft = train_cartpole.load_pair()
     big = big.to(args.device)
     stem = "rl_rollouts" if args.device == "cpu" else f"rl_rollouts_{torch.device(args.device).type}"
+    env = machine(args.device)
     rec = {
         "device": args.device,
-        "command": " ".join([".venv/bin/python benchmarks/rl/bench_rollouts.py",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread",
+        "command": env["command"],
+        "machine": env,
         "torch": torch.__version__,
         "big_parameters": sum(p.numel() for p in big.parameters()),
         "draft_parameters": sum(p.numel() for p in draft.parameters()),
@@ -214,10 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     episodes = 2 if args.quick else 6
     for n in args.envs:
         rec["runs"].append(run(episodes if n == 1 else max(1, episodes // 2), n, big, draft))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(rec, indent=1))
-    (RESULTS / f"{stem}.md").write_text(markdown(rec))
-    plot(rec, RESULTS / f"{stem}.png")
+    write(stem, rec, markdown(rec), figure=plot(rec), dpi=120)
     print(markdown(rec))
     return 0
 

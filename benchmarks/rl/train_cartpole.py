@@ -15,7 +15,7 @@ to benchmarks/results/rl_training.{json,md}. About 10 minutes on one core.
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -35,8 +35,10 @@ from speculate.domains.rl.cartpole import (
 from speculate.domains.rl.models import MLPPolicy
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: report.py
+from report import describe, machine, write  # noqa: E402
+
 CACHE = HERE / "cache"
-RESULTS = HERE.parent / "results"
 TEMPERATURE = 0.01
 SEED = 0
 
@@ -60,8 +62,10 @@ def load_pair() -> tuple[MLPPolicy, MLPPolicy]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: --help
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
+    env = machine()
     t0 = time.time()
     w, search_log = search_linear_controller(rng=SEED)
     teacher = SoftLinearPolicy(w, TEMPERATURE)
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": ".venv/bin/python " + " ".join(sys.argv) if argv is None else "train_cartpole.main()",
         "linear_controller": {"w": w.tolist(), "search": search_log},
         "teacher": {"temperature": TEMPERATURE},
+        "machine": env,
     }
     record["teacher"]["return_mean"], record["teacher"]["return_std"] = mean_return(teacher, 20, seed=1)
     print(f"teacher (sigmoid(w.s/{TEMPERATURE})): return {record['teacher']['return_mean']:.1f}", flush=True)
@@ -97,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     CACHE.mkdir(exist_ok=True)
     torch.save(big.state_dict(), CACHE / "cartpole_big.pt")
     torch.save(draft.state_dict(), CACHE / "cartpole_draft.pt")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rl_training.json").write_text(json.dumps(record, indent=1))
-    (RESULTS / "rl_training.md").write_text(markdown(record))
+    write("rl_training", record, markdown(record))
     print(markdown(record))
     return 0
 
@@ -109,6 +112,8 @@ def markdown(r: dict) -> str:
         "# RL benchmark policies: CartPole-v1 (training record)",
         "",
         f"Command: `{r['command']}` (one CPU thread, seed {SEED}; {r['seconds']} s).",
+        "",
+        f"Machine: {describe(r['machine'])}.",
         "",
         "| policy | how | parameters | episode return (mean ± sd) |",
         "|---|---|---|---|",

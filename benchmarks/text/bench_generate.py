@@ -30,8 +30,6 @@ Writes ``benchmarks/results/text_generate[_<pair>][_<device>].{json,md,png}``.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -41,8 +39,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
+from report import describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 
 from speculate import theory  # noqa: E402
@@ -250,7 +249,7 @@ def sweep(target, draft, rows, args, pad) -> dict:
     return res
 
 
-def plot(res: dict, path: Path) -> None:
+def plot(res: dict):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -272,7 +271,7 @@ def plot(res: dict, path: Path) -> None:
     ax[1].set(xlabel="lookahead k", ylabel="tokens per target call")
     ax[1].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def _pooled(stats_list, name):
@@ -288,8 +287,8 @@ def _pooled(stats_list, name):
 def markdown(res: dict, command: str) -> str:
     lines = [f"# Text generation: speculative vs plain vs transformers assisted ({res['pair']})", "",
              f"Command: `{command}`", "",
-             f"Machine: {res['machine']}; device {res['device']}, {res['dtype']}, "
-             f"{res['threads']} torch thread(s); {res['n_prompts']} prompts of "
+             f"Machine: {describe(res['machine'])}; device {res['device']}, {res['dtype']}; "
+             f"{res['n_prompts']} prompts of "
              f"{res['prompt_bytes']} bytes, {res['new_tokens']} new tokens each, temperature 1, "
              f"{res['repeats']} interleaved repeats. Speedups are medians over repeats of time "
              "ratios within a repeat (range in brackets).", ""]
@@ -387,19 +386,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", type=int, default=8, help="also sweep k = 1..SWEEP at batch 1 (0: skip)")
     ap.add_argument("--sweep-prompts", type=int, default=4)
     ap.add_argument("--sweep-repeats", type=int, default=2)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None,
+                    help="path of the results without suffix (default: results/text_generate[_<pair>][_<device>])")
     ap.add_argument("--train-missing", action="store_true",
                     help="train the larger pair first when it is missing (--pair large)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    env = machine(args.device)
     dtype = getattr(torch, args.dtype)
     target, draft, tok = load(args.pair, args.device, dtype, args.train_missing)
     pad = tok.pad_token_id
     rows = prompts(tok, args.prompts, args.prompt_bytes, args.seed)
     res = {"pair": args.pair, "pair_files_sha256": _fingerprint(args.pair), "device": args.device,
-           "dtype": args.dtype, "threads": args.threads,
-           "machine": f"{platform.machine()} {platform.processor() or ''} "
-                      f"(torch {torch.__version__})".strip(),
+           "dtype": args.dtype, "threads": args.threads, "machine": env,
            "n_prompts": len(rows), "prompt_bytes": args.prompt_bytes,
            "new_tokens": args.new_tokens, "repeats": args.repeats, "settings": []}
     # warm-up: numba kernels, allocator, the models' first calls
@@ -413,16 +412,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         res["sweep"] = sweep(target, draft, rows[: args.sweep_prompts], args, pad)
     res["goals"] = goals(res)
-    cmd = "python benchmarks/text/bench_generate.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    res["command"] = cmd.strip()
+    res["command"] = env["command"]
     suffix = "" if args.pair == "embedded" else f"_{Path(args.pair).name}"
     suffix += "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"text_generate{suffix}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(res, res["command"]))
-    if args.sweep:
-        plot(res, out.with_suffix(".png"))
+    out = Path(args.out) if args.out else None
+    write(out.with_suffix("").name if out else f"text_generate{suffix}", res, markdown(res, res["command"]),
+          figure=plot(res) if args.sweep else None, folder=out.parent if out else None, dpi=120)
     print(markdown(res, res["command"]))
     return 0
 

@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
+from report import RESULTS, describe, machine, write  # noqa: E402
 from speculate.domains.text.corpus import load_corpus  # noqa: E402
 from speculate.domains.text.distill import (  # noqa: E402
     acceptance_rate,
@@ -219,8 +220,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", choices=sorted(PRESETS), default="small")
     ap.add_argument("--out", type=Path, default=None, help="folder for target/ and draft/")
-    ap.add_argument("--results", default=None, help="results basename in benchmarks/results")
-    ap.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--results", default=None, help="results basename in --results-dir")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS,
+                    help="folder of the results (default benchmarks/results, or $SPECULATE_BENCH_RESULTS)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reuse-target", action="store_true",
@@ -251,9 +253,10 @@ def main(argv: list[str] | None = None) -> dict:
     res_dir = args.results_dir
     if args.render:
         report = with_theory(json.loads((res_dir / f"{results}.json").read_text()))
-        (res_dir / f"{results}.json").write_text(json.dumps(report, indent=2) + "\n")
-        (res_dir / f"{results}.md").write_text(markdown(report))
+        report.setdefault("machine", None)  # a record from before machine records: not this machine's
+        write(results, report, markdown(report), folder=res_dir)
         return report
+    env = machine()
     tspec, dspec = P["target"], P["draft"]
     if args.draft:
         layers, dim, heads, mlp = (int(x) for x in args.draft.split(","))
@@ -386,6 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "transformers": __import__("transformers").__version__,
                         "threads": args.threads, "machine": platform.machine()},
+        "machine": env,
         "corpus": {"python_version": train.python_version, "train_files": len(train.paths),
                    "train_bytes": train.n_bytes, "train_sha256": train.digest(),
                    "heldout_files": len(held.paths), "heldout_bytes": held.n_bytes,
@@ -409,9 +413,7 @@ def main(argv: list[str] | None = None) -> dict:
         "curves": curves,
     }
     report = with_theory(report)
-    res_dir.mkdir(parents=True, exist_ok=True)
-    (res_dir / f"{results}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (res_dir / f"{results}.md").write_text(markdown(report))
+    write(results, report, markdown(report), folder=res_dir)
     log(f"wrote {res_dir / results}.json/.md")
     return report
 
@@ -450,6 +452,7 @@ def markdown(r: dict) -> str:
         f"Python {r['environment']['python']}, torch {r['environment']['torch']}, "
         f"transformers {r['environment']['transformers']}).",
         "",
+        *([f"Machine: {describe(r['machine'])}.", ""] if r.get("machine") else []),
         f"Corpus: Python {r['corpus']['python_version']} standard library `.py` sources, "
         f"train {r['corpus']['train_files']} files / {r['corpus']['train_bytes']:,} bytes, "
         f"held-out {r['corpus']['heldout_files']} files / {r['corpus']['heldout_bytes']:,} bytes.",

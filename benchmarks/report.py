@@ -1,0 +1,91 @@
+"""What every benchmark records with its numbers, and where it writes them.
+
+``machine(device)`` describes the run (the exact command, date, commit, CPU, threads, load average,
+library versions, the GPU when one is used); ``write(name, payload, markdown, figure=None)``
+writes ``benchmarks/results/<name>.json`` (the payload with ``machine`` added), ``<name>.md`` and,
+given a matplotlib figure, ``<name>.png`` (``folder=`` writes elsewhere). Scripts in subfolders
+put this folder on ``sys.path`` and ``from report import machine, write``. A trial run can write elsewhere:
+``SPECULATE_BENCH_RESULTS=/tmp/trial python benchmarks/...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(os.environ.get("SPECULATE_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
+
+
+def command() -> str:
+    """The command line that ran this script, with the script's path relative to the repository."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(ROOT)
+    except ValueError:
+        pass
+    return " ".join(["python", str(script), *map(shlex.quote, sys.argv[1:])])
+
+
+def machine(device: str = "cpu") -> dict[str, Any]:
+    """What the numbers were measured on (the machine may be shared: the load average is included)."""
+    import numba
+    import numpy as np
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=False, cwd=ROOT).stdout.strip()
+    except OSError:
+        commit = ""
+    out: dict[str, Any] = {
+        "command": command(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git_commit": commit,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "numba_threads": numba.get_num_threads(),
+        "device": device,
+    }
+    torch = sys.modules.get("torch")
+    if torch is not None:  # only when the benchmark uses torch: importing it costs seconds
+        out.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+        if device.startswith("cuda"):
+            out["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return out
+
+
+def describe(m: dict[str, Any]) -> str:
+    """One line for a Markdown report: the machine in words."""
+    threads = f", {m['torch_threads']} torch thread(s)" if "torch_threads" in m else ""
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    return (f"{m['cpu']}, {m['cpu_count']} CPUs (load average at start {m['load_average_at_start'][0]:.2f})"
+            f"{threads}{gpu}, Python {m['python']}, commit {m['git_commit'] or 'unknown'}")
+
+
+def write(name: str, payload: dict[str, Any], markdown: str, figure: Any = None, *,
+          folder: str | Path | None = None, **savefig: Any) -> list[Path]:
+    """Write ``results/<name>.json`` (payload plus ``machine`` unless given), ``.md`` and ``.png``.
+
+    ``folder`` replaces ``results/`` (a script's own output option); ``savefig`` goes to the figure.
+    """
+    out = Path(folder) if folder is not None else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    payload = payload if "machine" in payload else {**payload, "machine": machine()}
+    paths = [out / f"{name}.json", out / f"{name}.md"]
+    paths[0].write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    paths[1].write_text(markdown if markdown.endswith("\n") else markdown + "\n")
+    if figure is not None:
+        paths.append(out / f"{name}.png")
+        figure.savefig(paths[-1], **({"dpi": 110} | savefig))
+    return paths
