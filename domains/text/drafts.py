@@ -30,7 +30,7 @@ import torch
 
 from speculate.distributions import Categorical
 
-from .kv_cache import _text_config, advance_length, check_model, model_vocab_size
+from .kv_cache import advance_length, check_model, model_vocab_size, text_config
 from .lean_llama import lean_model
 from .process import Drafted, TokenBuffer
 from .sampling import SamplingConfig, probabilities
@@ -57,7 +57,7 @@ class ModelDraft:
         check_model(model)
         self.lm = lean_model(model)  # a lean loop for Llama drafts (draft steps are mostly overhead)
         self.vocab = model_vocab_size(model)
-        cfg = _text_config(model.config)
+        cfg = text_config(model.config)
         # tokens the draft lacks (a padded-prefix vocabulary) are shown to it as this id
         unk = next((v for v in (getattr(cfg, "unk_token_id", None), getattr(cfg, "pad_token_id", None))
                     if isinstance(v, int) and 0 <= v < self.vocab), 0)
@@ -206,7 +206,7 @@ class NgramDraft:
 
 def _layer_path(model: Any) -> list[str]:
     """Attribute path to the decoder-layer ``ModuleList`` (e.g. ``["model", "layers"]``)."""
-    n = int(_text_config(model.config).num_hidden_layers)
+    n = int(text_config(model.config).num_hidden_layers)
     found = [name for name, mod in model.named_modules()
              if isinstance(mod, torch.nn.ModuleList) and len(mod) == n and name]
     if not found:
@@ -242,7 +242,7 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
             f"{len(layers)} layers, got {n_layers!r}"
         )
     cfg = copy.deepcopy(target.config)
-    text = _text_config(cfg)
+    text = text_config(cfg)
     text.num_hidden_layers = n_layers
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = list(text.layer_types)[:n_layers]
@@ -252,7 +252,7 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
         c = copy.copy(mod)
         c._modules = dict(mod._modules)
         if hasattr(mod, "config"):
-            c.config = text if mod.config is _text_config(target.config) and mod is not target else cfg
+            c.config = text if mod.config is text_config(target.config) and mod is not target else cfg
         copies.append(c)
     for parent, child, name in zip(copies[:-1], copies[1:], path[:-1], strict=True):
         parent._modules[name] = child

@@ -23,7 +23,7 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["CachedModel", "advance_length", "check_model", "model_vocab_size"]
+__all__ = ["CachedModel", "advance_length", "check_model", "model_vocab_size", "text_config"]
 
 # --------------------------------------------------------------------------------------------
 # KV cache: one preallocated buffer per layer, written at per-row positions
@@ -103,7 +103,7 @@ class _RowLayer(DynamicLayer):
             self.values = self.values[indices]
 
 
-def _text_config(config: Any) -> Any:
+def text_config(config: Any) -> Any:
     """The decoder's config inside ``config`` (itself for a plain causal LM's config)."""
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
@@ -113,7 +113,7 @@ def model_vocab_size(model: Any) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
-    return int(_text_config(model.config).vocab_size)
+    return int(text_config(model.config).vocab_size)
 
 
 def _model_device(model: Any) -> torch.device:
@@ -144,7 +144,7 @@ class CachedModel:
                 f"attention implementation {impl!r} is not supported by speculate's text domain: "
                 "load the model with attn_implementation='sdpa' or 'eager'"
             )
-        cfg = _text_config(model.config)
+        cfg = text_config(model.config)
         types = getattr(cfg, "layer_types", None)
         if types is not None and any(t != "full_attention" for t in types):
             raise ValueError(
