@@ -146,7 +146,8 @@ class _FunctionProcess:
         live: Any = range(P)
         qbuf = xbuf = None  # while every step is a Categorical over all branches: filled in place
         # drafts each pair may use (None: all k): a chain never needs more than need - 1
-        cap = None if k < int(need.min()) else np.repeat(np.minimum(need - 1, k), m).tolist()
+        need_l = need.tolist()  # Python ints: cheaper than array reductions for a few rows
+        cap = None if k < min(need_l) else [min(c - 1, k) for c in need_l for _ in range(m)]
         for i in range(k):
             if cap is not None:
                 live = [p for p in live if cap[p] > i]

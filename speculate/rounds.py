@@ -151,7 +151,10 @@ def _padded(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int) 
         rows = outcomes if m == 1 else outcomes[np.arange(R), branch]  # [R, k, *event]
         E = np.empty((R, rows.shape[1] + 1, *rows.shape[2:]), np.result_type(rows.dtype, nxt.dtype))
         E[:, :-1] = rows
-        E[np.arange(R), n] = nxt
+        if R == 1:  # one chain: a scalar index is several times cheaper than a fancy one
+            E[0, n[0]] = nxt[0]
+        else:
+            E[np.arange(R), n] = nxt
         return E
     k = max((len(o) for o in outcomes), default=0)  # nested lists (general distributions): objects
     E = np.empty((R, k + 1), dtype=object)
@@ -197,53 +200,51 @@ def run(
     stats = Stats() if stats is None else stats
     samples: list[list] | None = [[] for _ in range(n_rows)] if keep_samples else None
     rows = np.flatnonzero(wanted > 0)
-    need = wanted[rows]  # outcomes each active row still needs
+    left = wanted[rows].tolist()  # outcomes each active row still needs (Python ints: cheap for few rows)
     while rows.size:
         R = len(rows)
-        k = min(control.k, int(need.max()) - 1)  # never draft past what the neediest row can use
+        k = min(control.k, max(left) - 1)  # never draft past what the neediest row can use
+        need = np.array(left, np.int64)
         t0 = time.perf_counter()
         proposal = process.propose(rows, k, m, need, rng)
         t1 = time.perf_counter()
         target = process.score(rows, proposal)
         t2 = time.perf_counter()
-        if k >= int(need.min()):  # some row needs fewer than k + 1 outcomes: verify no more than it uses
+        if k >= min(left):  # some row needs fewer than k + 1 outcomes: verify no more than it uses
             proposal = proposal._replace(lengths=_within_need(proposal.lengths, need, k, m))
         n_acc, nxt, branch, route = verify_round(target, proposal, verify, m, k, R, rng)
         t3 = time.perf_counter()
         verdict = Verdict(_padded(proposal.outcomes, n_acc, nxt, branch, m), n_acc, branch)
         n_used, done = process.commit(rows, proposal, verdict)
         t4 = time.perf_counter()
-        used = np.asarray(n_used, dtype=np.int64)
-        if used.shape != (R,):
-            raise ValueError(f"process.commit must return n_used of shape ({R},), got {n_used!r}")
-        if R == 1:  # one chain: Python ints are cheaper than array checks
-            u, a = int(used[0]), int(n_acc[0])
+        used = n_used.tolist() if isinstance(n_used, np.ndarray) else list(n_used)
+        if len(used) != R:
+            raise ValueError(f"process.commit must return n_used for each of the {R} rows, got {n_used!r}")
+        for u, a in zip(used, n_acc.tolist(), strict=True):
             if not 0 <= u <= a + 1:
                 raise ValueError(f"process.commit returned n_used={u} for a row with {a + 1} verified outcomes")
-        elif np.any((used < 0) | (used > n_acc + 1)):
-            raise ValueError(f"process.commit returned n_used={used.tolist()} outside 0..n_accepted+1")
         if samples is not None:
             E = verdict.outcomes
-            for i, r in enumerate(rows.tolist()):
-                e = E[i, : used[i]]
+            for i, (r, u) in enumerate(zip(rows.tolist(), used, strict=True)):
+                e = E[i, :u]
                 samples[r].extend(e.tolist() if e.ndim == 1 else list(e))
-        need = need - used
+        left = [a - u for a, u in zip(left, used, strict=True)]
         lengths = proposal.lengths
         if lengths is not None:
             lengths = np.asarray(lengths)
             if lengths.ndim == 2:  # multi-draft: the surviving branch's length
                 lengths = lengths[np.arange(R), branch]
         stats.add_round(k, n_acc, lengths)
-        stats.emitted += int(used.sum())
+        stats.emitted += sum(used)
         stats.routes[route] = stats.routes.get(route, 0) + 1
         stats.draft_time += t1 - t0
         stats.target_time += t2 - t1
         stats.verify_time += t3 - t2
         stats.commit_time += t4 - t3
         control.update(n_acc, lengths, k, t1 - t0, t2 - t1)
-        live = need > 0
-        if done is not None:
-            live &= ~np.asarray(done, dtype=bool)
-        if not live.all():  # finished rows drop out; the others go on
-            rows, need = rows[live], need[live]
+        done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
+        keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
+        if not all(keep):  # finished rows drop out; the others go on
+            idx = [i for i, kp in enumerate(keep) if kp]
+            rows, left = rows[idx], [left[i] for i in idx]
     return RunResult(samples, stats)

@@ -1,0 +1,112 @@
+"""Two versions of the library on the same benchmarks, run alternately on one machine.
+
+A change that should not change speed (a refactoring) is checked by running the chain-overhead
+benchmark (``bench_chain_overhead.py``) and the text generation benchmark (``text/bench_generate.py``)
+of an earlier revision and of the working tree, each version running ITS OWN scripts with its own
+code on the import path, in the order before, after, after, before, ... (so that a slow spell of a
+shared machine hits both), and by reporting each version's median and the after / before ratio.
+The revision is checked out in a temporary git worktree. The working tree's package must be the
+one installed (editable) in this environment, as the README's setup does.
+
+Run: ``python benchmarks/compare_versions.py --before REV`` (about 15 minutes with the defaults).
+Writes ``benchmarks/results/versions.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from report import ROOT, describe, machine, write
+
+TEXT_ARGS = "--lookahead 4 --sweep 0 --repeats 2"
+
+
+def _run(root: Path, script: str, args: str, out: Path, name: str) -> dict:
+    """Run ``root``'s own ``benchmarks/<script>`` with ``root`` first on the import path; its JSON."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(root), "SPECULATE_BENCH_RESULTS": str(out)}
+    cmd = [sys.executable, str(root / "benchmarks" / script), *shlex.split(args)]
+    subprocess.run(cmd, cwd=root, env=env, check=True, stdout=subprocess.DEVNULL)
+    for folder in (out, root / "benchmarks" / "results"):  # older scripts write next to themselves
+        if (folder / f"{name}.json").is_file():
+            return json.loads((folder / f"{name}.json").read_text())
+    raise FileNotFoundError(f"{script} of {root} wrote no {name}.json")
+
+
+def _chain(res: dict) -> dict:
+    return {"overhead_per_round_us": res["overhead_per_round_us"], "overhead_fraction": res["overhead_fraction"]}
+
+
+def _text(res: dict) -> dict:
+    out = {}
+    for s in res["settings"]:
+        b, ms = s["batch"], s["methods"]
+        for m in ("ours-token", "ours-block", "ours-block-auto"):
+            if m in ms:
+                out[f"b{b} {m} speedup vs plain"] = ms[m]["speedup_vs_plain"]
+                out[f"b{b} {m} tokens/s"] = ms[m]["tokens_per_s"]
+        out[f"b{b} our draft step ms"] = 1e3 * s["draft_step_s"]
+        out[f"b{b} plain step ms"] = 1e3 * s["plain_step_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--before", required=True, help="the earlier revision (any git revision)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each version (alternating)")
+    ap.add_argument("--text-args", default=TEXT_ARGS, help="options for text/bench_generate.py")
+    args = ap.parse_args(argv)
+    env = machine()
+    rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        before = Path(tmp) / "before"
+        subprocess.run(["git", "worktree", "add", "--detach", str(before), rev], cwd=ROOT, check=True,
+                       capture_output=True)
+        try:
+            roots = {"before": before, "after": ROOT}
+            for r in range(args.rounds):
+                order = ("before", "after") if r % 2 == 0 else ("after", "before")
+                for v in order:
+                    out = Path(tmp) / f"{v}{r}"
+                    rec = _chain(_run(roots[v], "bench_chain_overhead.py", "", out, "chain_overhead"))
+                    rec |= _text(_run(roots[v], "text/bench_generate.py", args.text_args, out, "text_generate"))
+                    runs[v].append(rec)
+                    print(f"round {r} {v}: " + ", ".join(f"{k} {x:.4g}" for k, x in rec.items()), flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False)
+    keys = list(runs["after"][0])
+    med = {v: {k: statistics.median(x[k] for x in runs[v]) for k in keys} for v in runs}
+    ratio = {k: med["after"][k] / med["before"][k] for k in keys}
+    payload = {"command": env["command"], "before": rev, "after": env["git_commit"] + " (working tree)",
+               "text_args": args.text_args, "runs": runs, "median": med, "after_over_before": ratio,
+               "machine": env}
+    lines = [
+        "# Two versions on the same benchmarks, run alternately",
+        "",
+        f"Command: `{env['command']}` on {describe(env)}.",
+        f"Before: {rev}; after: the working tree at {env['git_commit']}. Each version ran its own",
+        f"`bench_chain_overhead.py` and `text/bench_generate.py {args.text_args}`, {args.rounds} times,",
+        "in the order before, after, after, before, ... Medians over the runs; the ratio is after / before",
+        "(overhead and step times: below 1 is faster; speedups and tokens/s: above 1 is faster).",
+        "",
+        "| measure | before | after | after / before |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {k} | {med['before'][k]:.4g} | {med['after'][k]:.4g} | {ratio[k]:.3f} |" for k in keys]
+    write("versions", payload, "\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
