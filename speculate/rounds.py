@@ -166,6 +166,18 @@ def _padded(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int) 
     return E
 
 
+def _rows(rows: np.ndarray) -> str:
+    ids = rows.tolist()
+    return ", ".join(map(str, ids)) if len(ids) <= 8 else ", ".join(map(str, ids[:8])) + f", ... ({len(ids)} rows)"
+
+
+def _note(err: BaseException, text: str) -> None:
+    """Attach ``text`` to ``err`` (PEP 678 notes, shown under the traceback; Python >= 3.11)."""
+    add = getattr(err, "add_note", None)
+    if add is not None:
+        add(text)
+
+
 def run(
     process: Process,
     n_rows: int,
@@ -201,50 +213,60 @@ def run(
     samples: list[list] | None = [[] for _ in range(n_rows)] if keep_samples else None
     rows = np.flatnonzero(wanted > 0)
     left = wanted[rows].tolist()  # outcomes each active row still needs (Python ints: cheap for few rows)
-    while rows.size:
-        R = len(rows)
-        k = min(control.k, max(left) - 1)  # never draft past what the neediest row can use
-        need = np.array(left, np.int64)
-        t0 = time.perf_counter()
-        proposal = process.propose(rows, k, m, need, rng)
-        t1 = time.perf_counter()
-        target = process.score(rows, proposal)
-        t2 = time.perf_counter()
-        if k >= min(left):  # some row needs fewer than k + 1 outcomes: verify no more than it uses
-            proposal = proposal._replace(lengths=_within_need(proposal.lengths, need, k, m))
-        n_acc, nxt, branch, route = verify_round(target, proposal, verify, m, k, R, rng)
-        t3 = time.perf_counter()
-        verdict = Verdict(_padded(proposal.outcomes, n_acc, nxt, branch, m), n_acc, branch)
-        n_used, done = process.commit(rows, proposal, verdict)
-        t4 = time.perf_counter()
-        used = n_used.tolist() if isinstance(n_used, np.ndarray) else list(n_used)
-        if len(used) != R:
-            raise ValueError(f"process.commit must return n_used for each of the {R} rows, got {n_used!r}")
-        for u, a in zip(used, n_acc.tolist(), strict=True):
-            if not 0 <= u <= a + 1:
-                raise ValueError(f"process.commit returned n_used={u} for a row with {a + 1} verified outcomes")
-        if samples is not None:
-            E = verdict.outcomes
-            for i, (r, u) in enumerate(zip(rows.tolist(), used, strict=True)):
-                e = E[i, :u]
-                samples[r].extend(e.tolist() if e.ndim == 1 else list(e))
-        left = [a - u for a, u in zip(left, used, strict=True)]
-        lengths = proposal.lengths
-        if lengths is not None:
-            lengths = np.asarray(lengths)
-            if lengths.ndim == 2:  # multi-draft: the surviving branch's length
-                lengths = lengths[np.arange(R), branch]
-        stats.add_round(k, n_acc, lengths)
-        stats.emitted += sum(used)
-        stats.routes[route] = stats.routes.get(route, 0) + 1
-        stats.draft_time += t1 - t0
-        stats.target_time += t2 - t1
-        stats.verify_time += t3 - t2
-        stats.commit_time += t4 - t3
-        control.update(n_acc, lengths, k, t1 - t0, t2 - t1)
-        done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
-        keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
-        if not all(keep):  # finished rows drop out; the others go on
-            idx = [i for i, kp in enumerate(keep) if kp]
-            rows, left = rows[idx], [left[i] for i in idx]
+    phase = "propose"  # where an exception came from, for the note added to it below
+    try:
+        while rows.size:
+            R = len(rows)
+            k = min(control.k, max(left) - 1)  # never draft past what the neediest row can use
+            need = np.array(left, np.int64)
+            phase = "propose"
+            t0 = time.perf_counter()
+            proposal = process.propose(rows, k, m, need, rng)
+            phase = "score"
+            t1 = time.perf_counter()
+            target = process.score(rows, proposal)
+            phase = "verify"
+            t2 = time.perf_counter()
+            if k >= min(left):  # some row needs fewer than k + 1 outcomes: verify no more than it uses
+                proposal = proposal._replace(lengths=_within_need(proposal.lengths, need, k, m))
+            n_acc, nxt, branch, route = verify_round(target, proposal, verify, m, k, R, rng)
+            t3 = time.perf_counter()
+            verdict = Verdict(_padded(proposal.outcomes, n_acc, nxt, branch, m), n_acc, branch)
+            phase = "commit"
+            n_used, done = process.commit(rows, proposal, verdict)
+            phase = "the loop's bookkeeping after commit"
+            t4 = time.perf_counter()
+            used = n_used.tolist() if isinstance(n_used, np.ndarray) else list(n_used)
+            if len(used) != R:
+                raise ValueError(f"process.commit must return n_used for each of the {R} rows, got {n_used!r}")
+            for u, a in zip(used, n_acc.tolist(), strict=True):
+                if not 0 <= u <= a + 1:
+                    raise ValueError(f"process.commit returned n_used={u} for a row with {a + 1} verified outcomes")
+            if samples is not None:
+                E = verdict.outcomes
+                for i, (r, u) in enumerate(zip(rows.tolist(), used, strict=True)):
+                    e = E[i, :u]
+                    samples[r].extend(e.tolist() if e.ndim == 1 else list(e))
+            left = [a - u for a, u in zip(left, used, strict=True)]
+            lengths = proposal.lengths
+            if lengths is not None:
+                lengths = np.asarray(lengths)
+                if lengths.ndim == 2:  # multi-draft: the surviving branch's length
+                    lengths = lengths[np.arange(R), branch]
+            stats.add_round(k, n_acc, lengths)
+            stats.emitted += sum(used)
+            stats.routes[route] = stats.routes.get(route, 0) + 1
+            stats.draft_time += t1 - t0
+            stats.target_time += t2 - t1
+            stats.verify_time += t3 - t2
+            stats.commit_time += t4 - t3
+            control.update(n_acc, lengths, k, t1 - t0, t2 - t1)
+            done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
+            keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
+            if not all(keep):  # finished rows drop out; the others go on
+                idx = [i for i, kp in enumerate(keep) if kp]
+                rows, left = rows[idx], [left[i] for i in idx]
+    except BaseException as err:  # KeyboardInterrupt too: say where it stopped, then let it go
+        _note(err, f"speculate.rounds.run: raised in {phase} of round {stats.rounds + 1} (rows {_rows(rows)})")
+        raise
     return RunResult(samples, stats)

@@ -285,3 +285,29 @@ def test_draft_probabilities_keep_their_precision_across_steps():
     prop = proc.propose(np.array([0]), 3, 1, np.array([10]), np.random.default_rng(0))
     assert prop.dists.probs.dtype == np.float64
     np.testing.assert_array_equal(prop.dists.probs[0, 1:], [q64, q64])
+
+
+@pytest.mark.parametrize("where", ["target", "draft", "step"])
+def test_an_exception_mid_run_propagates_with_its_round(where):
+    """A failure in round 3 of many surfaces unchanged, with a note naming the phase and the round;
+    the same call on fresh callables then runs to the end (nothing is left half-committed)."""
+    calls = {"target": 0, "draft": 0, "step": 0}
+
+    def counted(name, fn):
+        def wrapped(*a):
+            calls[name] += 1
+            if name == where and calls[name] == {"target": 3, "draft": 9, "step": 9}[name]:
+                raise RuntimeError(f"{name} failed")
+            return fn(*a)
+        return wrapped
+
+    tgt = counted("target", lambda states: sp.Categorical(probs=np.full((len(states), 2), 0.5)))
+    drf = counted("draft", lambda s: sp.Categorical(probs=[0.6, 0.4]))
+    stp = counted("step", lambda s, x: s)
+    with pytest.raises(RuntimeError, match=f"{where} failed") as info:
+        sp.chains(tgt, drf, stp, [0, 0], 20, lookahead=2, rng=0)
+    phase = {"target": "score", "draft": "propose", "step": "propose"}[where]
+    assert any(f"raised in {phase} of round" in n for n in info.value.__notes__), info.value.__notes__
+    calls.update(target=-100, draft=-100, step=-100)  # no more failures
+    res = sp.chains(tgt, drf, stp, [0, 0], 20, lookahead=2, rng=0)
+    assert [len(s) for s in res.samples] == [20, 20]
