@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,3 +59,21 @@ def test_nothing_imports_a_top_level_domains_package():
                     names = [node.module]
                 bad += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n.split(".")[0] == "domains"]
     assert not bad, f"imports of the top-level name 'domains': {bad}"
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path):
+    """Build the wheel (no network: this environment's setuptools) and read what it would install."""
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("speculate-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"speculate"}, tops
+    for must in ("speculate/py.typed", "speculate/domains/text/models/target/model.safetensors",
+                 "speculate/domains/rl/snapshots/check.py", "speculate/testing/exact/kernels.py"):
+        assert must in names, must
