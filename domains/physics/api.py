@@ -27,14 +27,13 @@ import numpy as np
 from speculate.rng import as_rng
 from speculate.rounds import run
 
-from .forces import evaluate_force, nonfinite_error
+from .forces import evaluate_force, nonfinite_error, overflow_error, transition_means
 from .langevin import Langevin, Recorder, check_steps, check_x0
 from .process import LangevinProcess, SimulationStats
 
 __all__ = ["Simulation", "SimulationStats", "simulate", "speculative_simulate"]
 
 
-@dataclass
 @dataclass
 class Simulation:
     """A simulated trajectory.
@@ -57,6 +56,27 @@ def _simulation(rec: Recorder, final: np.ndarray, stats: SimulationStats, batche
     return Simulation(positions=pos, steps=rec.steps.copy(), final=fin, stats=stats)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_lookahead(lookahead: Any, max_lookahead: Any, cost_ratio: Any) -> None:
+    """The round loop's arguments, checked before anything is allocated or computed."""
+    if not (_is_int(lookahead) or (isinstance(lookahead, str) and lookahead == "auto")):
+        raise TypeError(f"lookahead must be a non-negative int or 'auto', got {lookahead!r}")
+    if _is_int(lookahead) and lookahead < 0:
+        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    if not _is_int(max_lookahead):
+        raise TypeError(f"max_lookahead must be an int >= 1, got {max_lookahead!r}")
+    if max_lookahead < 1:
+        raise ValueError(f"max_lookahead must be an int >= 1, got {max_lookahead}")
+    if cost_ratio is not None:
+        if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float, np.integer, np.floating)):
+            raise TypeError(f"cost_ratio must be None or a real number >= 0, got {cost_ratio!r}")
+        if not 0.0 <= float(cost_ratio) < float("inf"):
+            raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
+
+
 def simulate(
     model: Langevin,
     x0: Any,
@@ -73,7 +93,9 @@ def simulate(
         n_steps: number of steps. rng: int seed, numpy Generator, or None (unpredictable).
         record_every: keep every record_every-th configuration in ``positions``.
 
-    Raises ValueError naming the step when the force is not finite or has the wrong shape.
+    Raises ValueError naming the step when the force is not finite or has the wrong shape, or when
+    the mean x + dt F / gamma overflows (beyond ``forces.MEAN_LIMIT``); an exception raised inside
+    (the force's own, KeyboardInterrupt) carries a note naming the step.
 
     Example:
         >>> import numpy as np
@@ -91,16 +113,28 @@ def simulate(
     stats = SimulationStats()
     scale = model.noise_scale
     t_start = time.perf_counter()
-    for t in range(n_steps):
-        t0 = time.perf_counter()
-        F, finite = evaluate_force(model.force, X, who="force", steps=t)
-        stats.target_time += time.perf_counter() - t0
-        if not finite.all():
-            b = int(np.argmin(finite))
-            raise nonfinite_error("force", F, b, t, b if batched else None)
-        X = model.mean(X, F) + scale * rng.standard_normal(X.shape)  # [B, N, d]
-        if (t + 1) % record_every == 0:
-            rec.positions[:, (t + 1) // record_every] = X
+    t = 0
+    try:
+        for t in range(n_steps):
+            t0 = time.perf_counter()
+            F, finite = evaluate_force(model.force, X, who="force", steps=t)
+            stats.target_time += time.perf_counter() - t0
+            if not finite.all():
+                b = int(np.argmin(finite))
+                raise nonfinite_error("force", F, b, t, b if batched else None)
+            M, ok = transition_means(model, X, F)
+            if not ok.all():
+                b = int(np.argmin(ok))
+                raise overflow_error(M, b, t, b if batched else None)
+            X = M + scale * rng.standard_normal(X.shape)  # [B, N, d]
+            if (t + 1) % record_every == 0:
+                rec.positions[:, (t + 1) // record_every] = X
+    except BaseException as err:  # KeyboardInterrupt too: say where it stopped, then let it go
+        add_note = getattr(err, "add_note", None)  # PEP 678, Python >= 3.11
+        if add_note is not None:
+            add_note(f"speculate.domains.physics.simulate: raised in step {t} of {n_steps} "
+                     f"(the force call on all {X.shape[0]} rows)")
+        raise
     B = X.shape[0]
     stats.steps = stats.rounds = stats.target_calls = n_steps  # a round without drafts per step
     stats.row_rounds = stats.emitted = n_steps * B
@@ -139,9 +173,12 @@ def speculative_simulate(
         cost_ratio: with lookahead="auto", a fixed draft/target cost ratio c instead of the
             measured one (the run then depends on the seed alone, not on timings).
 
-    Raises ValueError naming the step when the exact force is not finite at a configuration the
-    chain reaches (a non-finite force at a drafted configuration that is never reached is
-    harmless: that draft is simply not kept) or when a force returns the wrong shape.
+    Raises ValueError naming the step when the exact force is not finite, or the mean
+    x + dt F / gamma overflows, at a configuration the chain reaches (the same step as
+    ``simulate``; at a drafted configuration that is never reached it is harmless: the draft is
+    cut there), and ValueError / TypeError when a force returns the wrong shape or something that
+    is not real numbers, or when an argument is bad (before any work). An exception raised inside
+    (a force's own, KeyboardInterrupt) carries the round loop's note naming the phase and round.
 
     Example:
         >>> import numpy as np
@@ -154,6 +191,7 @@ def speculative_simulate(
     if not isinstance(model, Langevin):
         raise TypeError(f"model must be a Langevin, got {type(model).__name__}")
     check_steps(n_steps, record_every)
+    _check_lookahead(lookahead, max_lookahead, cost_ratio)
     X, batched = check_x0(x0)
     rec = Recorder(X, n_steps, record_every)
     stats = SimulationStats(steps=n_steps)

@@ -26,12 +26,13 @@ from speculate.testing import DEFAULT_ALPHA, assert_categorical_matches, assert_
 
 from .api import simulate, speculative_simulate
 from .checks import path_outcomes
-from .conformance import EDGES, LOOKAHEAD, STEPS
 from .drafts import frozen_correction
 from .langevin import Langevin
 from .lennard_jones import LennardJones, fcc_lattice
 from .path_law import binned_path_law
 from .potentials import DoubleWell, MuellerBrown
+
+EDGES, STEPS, LOOKAHEAD = (-0.6, 0.4, 1.1), 3, 2  # part 1: the bins of (x_1, x_2, x_3), lookahead 2
 
 
 def _exactness(replicas: int) -> None:

@@ -147,15 +147,17 @@ def _cheap_steps(
             if at.size == 0:
                 continue
         X = S[at, i]
-        F, ok = evaluate_force(fn, X, who="draft_force", steps=steps[at] + i)
-        F[~ok] = 0.0
+        F, ok = evaluate_force(fn, X, who="draft_force", steps=steps[at] + i)  # on its own copy of X
+        if not ok.all():
+            F = np.where(ok[:, None, None], F, 0.0)  # never written into: it may be the force's own array
         if G is not None:
             G[at, i] = F
-        if correction is not None:
-            F = F + correction[at]
-        mean = model.mean(X, F)
-        loc[at, i] = mean
-        S[at, i + 1] = mean + noise[at, i]
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is cut just below
+            if correction is not None:
+                F = F + correction[at]
+            mean = model.mean(X, F)
+            loc[at, i] = mean
+            S[at, i + 1] = mean + noise[at, i]
         if not ok.all():
             cut = np.arange(R)[at][~ok]  # the draft stops at s_i
             cuts += int(cut.size)
@@ -185,10 +187,11 @@ class FrozenDraft(Draft):
     def propose(self, model, memory, rows, steps, S, loc, noise, lengths):
         lengths[~memory.known[rows]] = 0  # no exact force known yet
         k = loc.shape[1]
-        drift = (model.dt / model.gamma) * memory.F[rows]  # the same drift every step
-        for i in range(k):
-            np.add(S[:, i], drift, out=loc[:, i])
-            np.add(loc[:, i], noise[:, i], out=S[:, i + 1])
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is cut just below
+            drift = (model.dt / model.gamma) * memory.F[rows]  # the same drift every step
+            for i in range(k):
+                np.add(S[:, i], drift, out=loc[:, i])
+                np.add(loc[:, i], noise[:, i], out=S[:, i + 1])
         cuts = 0
         if k and not np.isfinite(S).all():
             for i in range(k):
@@ -225,11 +228,13 @@ class FrozenCorrection(Draft):
         fresh = np.flatnonzero((lengths > 0) & ~memory.has_G[rows])
         if fresh.size:  # cheap(X_ref), once per reference, for the rows that draft
             r = rows[fresh]
-            g, ok = evaluate_force(self.draft, memory.X[r], who="draft_force", steps=steps[fresh])
-            g[~ok] = 0.0
+            g, ok = evaluate_force(self.draft, memory.X[r], who="draft_force", steps=steps[fresh], private=True)
+            if not ok.all():
+                g = np.where(ok[:, None, None], g, 0.0)
             memory.G[r], memory.has_G[r] = g, ok
             lengths[fresh[~ok]] = 0
-        correction = memory.F[rows] - memory.G[rows]  # [R, N, d]
+        with np.errstate(over="ignore", invalid="ignore"):
+            correction = memory.F[rows] - memory.G[rows]  # [R, N, d]
         G = np.zeros_like(S)  # cheap forces at s_0 .. s_{k-1}: the next reference's
         return G, _cheap_steps(self.draft, model, S, loc, noise, lengths, steps, correction, G)
 

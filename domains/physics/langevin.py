@@ -47,7 +47,9 @@ class Langevin:
             constant over the drafted steps: no training, no extra call), or
             ``frozen_correction(cheap)``. Only ``speculative_simulate`` uses it; ``draft`` holds
             it as one of the draft classes of ``drafts.py``.
-        dt: time step (> 0). kT: temperature in energy units (> 0). gamma: friction (> 0).
+        dt: time step (> 0). kT: temperature in energy units (> 0). gamma: friction (> 0). Real
+            numbers (stored as Python floats); dt / gamma and the noise scale must be positive
+            finite floats too (ValueError when they overflow or underflow).
 
     Example:
         >>> from speculate.domains.physics import DoubleWell, Langevin
@@ -73,6 +75,14 @@ class Langevin:
                 raise TypeError(f"Langevin: {name} must be a real number, got {type(v).__name__}")
             if not math.isfinite(v) or v <= 0:
                 raise ValueError(f"Langevin: {name} must be finite and > 0, got {v}")
+            object.__setattr__(self, name, float(v))  # Python floats: no float16 arithmetic below
+        drift, scale = self.dt / self.gamma, self.noise_scale
+        for what, v in (("dt / gamma", drift), ("the noise scale sqrt(2 kT dt / gamma)", scale)):
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(
+                    f"Langevin: {what} = {v} for dt={self.dt}, kT={self.kT}, gamma={self.gamma} is not a "
+                    "positive finite float64 (it overflows or underflows): rescale the units"
+                )
 
     @property
     def noise_scale(self) -> float:
@@ -95,20 +105,28 @@ class Langevin:
 
 
 def check_x0(x0: Any) -> tuple[np.ndarray, bool]:
-    """x0 [N, d] or [B, N, d] -> (float64 [B, N, d] copy, batched?)."""
-    X = to_numpy(x0).copy()
+    """x0 [N, d] or [B, N, d] of real numbers -> (float64 [B, N, d] copy, batched?)."""
+    X = np.array(to_numpy(x0, who="x0"), dtype=np.float64)  # a copy
     if X.ndim not in (2, 3) or X.size == 0:
-        raise ValueError(f"x0 must have shape [N, d] or [B, N, d] (non-empty), got {X.shape}")
+        raise ValueError(
+            f"x0 must have shape [N, d] or [B, N, d] with at least one replica, particle and "
+            f"coordinate, got shape {X.shape}"
+        )
     if not np.isfinite(X).all():
-        raise ValueError("x0 contains non-finite values")
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(X))[0])
+        raise ValueError(f"x0 contains non-finite values (first at index {bad}: {X[bad]})")
     batched = X.ndim == 3
     return (X if batched else X[None]), batched
 
 
+MAX_STEPS = 2**62
+"""The largest n_steps (step counters are int64)."""
+
+
 def check_steps(n_steps: Any, record_every: Any) -> None:
     for name, v, lo in (("n_steps", n_steps, 0), ("record_every", record_every, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= MAX_STEPS:
+            raise ValueError(f"{name} must be an integer in {lo}..2**62, got {v!r}")
 
 
 class Recorder:
@@ -116,9 +134,16 @@ class Recorder:
 
     def __init__(self, X0: np.ndarray, n_steps: int, record_every: int):
         B, N, d = X0.shape
-        self.every = record_every
-        self.T = n_steps // record_every + 1
-        self.positions = np.empty((B, self.T, N, d), dtype=np.float64)
+        self.every = int(record_every)
+        self.T = int(n_steps) // self.every + 1
+        try:
+            self.positions = np.empty((B, self.T, N, d), dtype=np.float64)
+        except (MemoryError, ValueError):
+            gib = 8.0 * B * self.T * N * d / 2**30
+            raise ValueError(
+                f"the recorded positions [B, T, N, d] = [{B}, {self.T}, {N}, {d}] would need {gib:.3g} GiB: "
+                f"record fewer configurations (record_every > {self.every}) or simulate fewer steps"
+            ) from None
         self.positions[:, 0] = X0
         self.steps = np.arange(self.T, dtype=np.int64) * record_every
 

@@ -62,9 +62,10 @@ class DoubleWell:
 
     def force(self, X: np.ndarray) -> np.ndarray:
         X = _as_batch(X, None, "DoubleWell.force")
-        F = -self.stiffness * X                                    # [B, N, d]
-        x0 = X[..., 0]
-        F[..., 0] = -4.0 * self.barrier * x0 * (x0**2 - 1.0) - self.tilt
+        with np.errstate(over="ignore", invalid="ignore"):  # far out: inf, which the samplers handle
+            F = -self.stiffness * X                                # [B, N, d]
+            x0 = X[..., 0]
+            F[..., 0] = -4.0 * self.barrier * x0 * (x0**2 - 1.0) - self.tilt
         return F
 
     __call__ = force
@@ -119,9 +120,10 @@ class MuellerBrown:
         return e.sum(axis=(1, 2))                                  # [B]
 
     def force(self, X: np.ndarray) -> np.ndarray:
-        dx, dy, e = self._terms(X)
-        fx = -(e * (2.0 * self.a * dx + self.b * dy)).sum(axis=-1)  # [B, N]
-        fy = -(e * (self.b * dx + 2.0 * self.c * dy)).sum(axis=-1)
+        with np.errstate(over="ignore", invalid="ignore"):  # far out: inf or NaN, which the samplers handle
+            dx, dy, e = self._terms(X)
+            fx = -(e * (2.0 * self.a * dx + self.b * dy)).sum(axis=-1)  # [B, N]
+            fy = -(e * (self.b * dx + 2.0 * self.c * dy)).sum(axis=-1)
         return np.stack([fx, fy], axis=-1)                         # [B, N, 2]
 
     __call__ = force

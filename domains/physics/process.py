@@ -37,10 +37,15 @@ import numpy as np
 from speculate import Normal, Stats
 from speculate.rounds import Proposal, Verdict
 
-from .forces import evaluate_force, nonfinite_error
+from .forces import evaluate_force, nonfinite_error, overflow_error, transition_means
 from .langevin import Langevin, Recorder
 
 __all__ = ["LangevinProcess", "Round", "SimulationStats"]
+
+FAR = 1e300
+"""A drafted step whose squared whitened distance to the target's, |dt (F_d - F) / gamma|^2 / s^2,
+is beyond this is not verified (its acceptance probability is 0 in float64, and the coupling's
+arithmetic would overflow): the target's step is drawn there instead."""
 
 
 @dataclass
@@ -58,7 +63,8 @@ class SimulationStats(Stats):
     steps: int = 0  #: steps per replica
     target_configurations: int = 0  #: configurations the exact force was evaluated at
     wall_time: float = 0.0  #: seconds for the whole run
-    draft_truncations: int = 0  #: drafts cut short by a non-finite draft force or an overflow
+    draft_truncations: int = 0  #: drafts cut short: a non-finite draft force or overflowing draft, or (in score)
+    #: an undefined exact step or a draft too far from the target to verify (see LangevinProcess.score)
 
     @property
     def calls_per_step(self) -> float:
@@ -88,8 +94,9 @@ class Round:
     extra: Any = None  #: the draft's own (FrozenCorrection: the cheap forces [R, k+1, N, d])
     F: np.ndarray | None = None  #: [R, k+1, N, d] exact forces (0 where not scored or not finite)
     Fb: np.ndarray | None = None  #: [M, N, d] the score call's output, the scored s_i in row order
+    M: np.ndarray | None = None  #: [R, k+1, N, d] the target means as computed (for error messages)
     scored: np.ndarray | None = None  #: bool [R, k+1]: s_i scored (i <= lengths)
-    first_bad: np.ndarray | None = None  #: int [R]: the first s_i with a non-finite force (k+1: none)
+    first_bad: np.ndarray | None = None  #: int [R]: the first s_i whose step is undefined (k+1: none)
 
 
 class LangevinProcess:
@@ -130,31 +137,57 @@ class LangevinProcess:
         S, lengths = ctx.S, ctx.lengths
         R, K1 = S.shape[:2]
         scored = np.arange(K1)[None, :] <= lengths[:, None]  # [R, k+1]: s_0 .. s_L
-        Xb = S[scored]  # [M, N, d], M <= R (k+1)
+        Xb = S[scored]  # [M, N, d], M <= R (k+1): a fresh array, the force's own (not read again)
         steps = (self.step[rows][:, None] + np.arange(K1)[None, :])[scored]
-        Fb, finite = evaluate_force(self.model.force, Xb, who="force", steps=steps)  # ONE call
+        Fb, finite = evaluate_force(self.model.force, Xb, who="force", steps=steps, private=True)  # ONE call
         self.stats.target_configurations += Xb.shape[0]
         F = np.zeros_like(S)  # [R, k+1, N, d]
-        ok = np.ones((R, K1), bool)
-        F[scored], ok[scored] = Fb, finite
+        F[scored] = Fb
+        M, defined = transition_means(self.model, S, F)  # [R, k+1, N, d] target means, [R, k+1]
+        ok = np.ones((R, K1), bool)  # the step from s_i is defined: finite force and mean
+        ok[scored] = finite & defined[scored]
         if not ok[:, 0].all():  # the committed state: needed now
             i = int(np.argmin(ok[:, 0]))
             b = int(scored[:i].sum())  # row i's s_0 in the batch
-            raise nonfinite_error("force", Fb, b, int(self.step[rows[i]]), int(rows[i]))
-        F[~ok] = 0.0  # placeholder: a transition used only if s_i is reached, and then commit raises
+            step, row = int(self.step[rows[i]]), int(rows[i])
+            raise nonfinite_error("force", Fb, b, step, row) if not finite[b] else overflow_error(M[i], 0, step, row)
         ctx.first_bad = np.where(ok.all(1), K1, np.argmin(ok, axis=1))
+        ctx.M = M.copy() if not ok.all() else M  # the means as computed, for commit's error message
+        F[~ok] = 0.0
+        M[~ok] = 0.0  # placeholders: a transition used only if s_i is reached, and then commit raises
+        # Drafts are verified only up to the first s_i whose step is undefined (reaching s_i raises
+        # in commit either way) and before a draft so far from the target that the coupling's
+        # arithmetic would overflow (kept with probability 0 anyway; the target's step is drawn
+        # there instead). Both cuts depend on s_0 .. s_i only, not on the draft of step i+1, so the
+        # chain stays exact (proofs/05: a draft's length may depend on the drafted prefix).
+        cut = np.minimum(lengths, ctx.first_bad)
+        if K1 > 1:
+            loc = proposal.dists.loc  # [R, k, N, d] the draft means
+            with np.errstate(over="ignore", invalid="ignore"):
+                e = (M[:, :-1] - loc) / self.scale  # the whitened distance of the means
+                d2 = np.einsum("rkij,rkij->rk", e, e)
+                big = np.abs(loc).reshape(R, K1 - 1, -1).max(axis=2)  # the draft's noise lost in rounding
+            far = ~((d2 < FAR) & (big < 1e150 * self.scale)) & (np.arange(K1 - 1)[None, :] < cut[:, None])
+            if far.any():
+                cut = np.where(far.any(1), np.minimum(cut, np.argmax(far, axis=1)), cut)
+        short = cut < lengths
+        if short.any():
+            self.stats.draft_truncations += int(short.sum())
+            lengths[:] = cut  # in place: the proposal's lengths, which the verifier reads
         ctx.F, ctx.Fb, ctx.scored = F, Fb, scored
-        return Normal(self.model.mean(S, F), self.scale, batch_ndims=2, validate=False)
+        return Normal(M, self.scale, batch_ndims=2, validate=False)
 
     def commit(self, rows: np.ndarray, proposal: Proposal, verdict: Verdict) -> tuple[np.ndarray, None]:
         ctx: Round = proposal.context
         last = verdict.n_accepted  # [R] the last transition started from s_last
-        bad = np.flatnonzero(ctx.first_bad <= last)  # a row reached a non-finite force
+        bad = np.flatnonzero(ctx.first_bad <= last)  # a row reached an undefined step
         if bad.size:
             i = int(bad[0])
             b = int(ctx.scored[:i].sum() + ctx.first_bad[i])
-            step = int(self.step[rows[i]] + ctx.first_bad[i])
-            raise nonfinite_error("force", ctx.Fb, b, step, int(rows[i]))
+            step, row = int(self.step[rows[i]] + ctx.first_bad[i]), int(rows[i])
+            if not np.isfinite(ctx.Fb[b]).all():
+                raise nonfinite_error("force", ctx.Fb, b, step, row)
+            raise overflow_error(ctx.M[i], int(ctx.first_bad[i]), step, row)
         n = last + 1  # steps taken: the kept drafts and the verifier's configuration
         E = verdict.outcomes  # [R, k+1, N, d]: s_1 .. s_last, then the verifier's at last
         steps = self.step[rows]

@@ -18,6 +18,10 @@ Power (checked below from the exact laws): the two-sample chi-square catches a 4
 >= 0.99 each; the goodness of fit catches ANY deviation of TV >= 0.019 on the bins with
 probability >= 0.99; the KS test catches any per-step law at KS distance >= 0.0045 from N(0, 1)
 with probability >= 0.99 (DKW bound).
+
+Under ``-m slow`` the same test runs on four times as many replicas (25000 rows per half, 400000
+paths): the goodness of fit then catches ANY deviation of TV >= 0.01 on the bins (and a 1.5% drift
+error) with probability >= 0.99, the KS test any per-step law at KS distance 0.0023.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from speculate.testing import (
 
 DT, X0, EDGES, OBS, STEPS = 0.05, 1.6, (0.8, 1.0, 1.2), (1, 2, 8), 8
 ROWS, N = 6250, 16                                   # per half: 100000 particle paths
+SLOW_ROWS = 25000                                    # under -m slow: 400000
 
 WELL = DoubleWell(1.0)
 DRAFTS = {
@@ -74,15 +79,16 @@ def exact_law():
 
 
 def halves(positions):
-    """[2 ROWS, T, N, 1] -> the (x_1, x_2, x_8) paths of both halves, mirrored: 2 x [ROWS N, 3]."""
-    P = positions[..., 0][:, list(OBS)]                              # [2 ROWS, 3, N]
-    a = P[:ROWS].transpose(0, 2, 1).reshape(-1, len(OBS))
-    b = -P[ROWS:].transpose(0, 2, 1).reshape(-1, len(OBS))
+    """[2 rows, T, N, 1] -> the (x_1, x_2, x_8) paths of both halves, mirrored: 2 x [rows N, 3]."""
+    rows = positions.shape[0] // 2
+    P = positions[..., 0][:, list(OBS)]                              # [2 rows, 3, N]
+    a = P[:rows].transpose(0, 2, 1).reshape(-1, len(OBS))
+    b = -P[rows:].transpose(0, 2, 1).reshape(-1, len(OBS))
     return a, b
 
 
-def x0():
-    return np.concatenate([np.full((ROWS, N, 1), X0), np.full((ROWS, N, 1), -X0)])
+def x0(rows=ROWS):
+    return np.concatenate([np.full((rows, N, 1), X0), np.full((rows, N, 1), -X0)])
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +97,9 @@ def plain_paths():
     return halves(traj.positions)
 
 
-@pytest.mark.parametrize("draft, lookahead", [("function", 3), ("frozen", 3), ("corrected", 3),
-                                              ("function", "auto")])
-def test_speculative_paths_have_the_exact_law(draft, lookahead, exact_law, plain_paths):
+def check_paths(draft, lookahead, exact_law, plain_paths, rows):
     model = Langevin(force=WELL, draft_force=DRAFTS[draft], dt=DT)
-    traj = speculative_simulate(model, x0(), STEPS, lookahead=lookahead, rng=7)
+    traj = speculative_simulate(model, x0(rows), STEPS, lookahead=lookahead, rng=7)
     assert 0 < traj.stats.accepted < traj.stats.proposed        # both branches are exercised
     for name, half, ref in zip(("+1.6", "-1.6"), halves(traj.positions), plain_paths, strict=True):
         label = f"{draft}, start {name}"
@@ -105,6 +109,19 @@ def test_speculative_paths_have_the_exact_law(draft, lookahead, exact_law, plain
         assert_same_continuous(half, ref, alpha=ALPHA / 7, label=label)
     z = innovations(model, traj.positions).ravel()                  # 1.6 million N(0, 1)
     assert_continuous_matches(z, stats.norm, alpha=ALPHA / 7, label=f"{draft}: standardised steps")
+
+
+@pytest.mark.parametrize("draft, lookahead", [("function", 3), ("frozen", 3), ("corrected", 3),
+                                              ("function", "auto")])
+def test_speculative_paths_have_the_exact_law(draft, lookahead, exact_law, plain_paths):
+    check_paths(draft, lookahead, exact_law, plain_paths, ROWS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", ["function", "frozen", "corrected"])
+def test_speculative_paths_have_the_exact_law_at_tv_001(draft, exact_law):
+    plain = halves(simulate(Langevin(force=WELL, dt=DT), x0(SLOW_ROWS), STEPS, rng=54321).positions)
+    check_paths(draft, 3, exact_law, plain, SLOW_ROWS)
 
 
 def test_the_exactness_tests_have_power(exact_law):
@@ -119,6 +136,12 @@ def test_the_exactness_tests_have_power(exact_law):
     case = ConformanceCase("paths", lambda n, seed: [], exact_law, n=n)
     assert case.detectable_tv(alpha=ALPHA / 7) <= 0.019
     assert ks_power_bound(2 * n * STEPS, 0.0045, alpha=ALPHA / 7) >= 0.99
+    # the slow variant: four times the replicas
+    slow = SLOW_ROWS * N
+    assert ConformanceCase("paths", lambda n, seed: [], exact_law, n=slow).detectable_tv(alpha=ALPHA / 7) <= 0.01
+    wrong = binned_path_law(Langevin(force=Scaled(WELL, 1.015), dt=DT), X0, EDGES, STEPS, observe=OBS)
+    assert chi2_power(p, np.array([wrong[k] for k in keys]), slow, alpha=ALPHA / 7) >= 0.99
+    assert ks_power_bound(2 * slow * STEPS, 0.0023, alpha=ALPHA / 7) >= 0.99
 
 
 def test_a_biased_sampler_is_caught(exact_law):
