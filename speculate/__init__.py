@@ -6,7 +6,7 @@
 
 from . import theory
 from .chain import Trajectories, Trajectory, batched, chain, chains
-from .distributions import Categorical, Distribution, Normal, PointMass, from_scipy, from_torch
+from .distributions import Categorical, Distribution, Normal, PlainValueWarning, PointMass, from_scipy, from_torch
 from .engine import SpeculationResult, speculate, speculative_sample
 from .rounds import Process, Proposal, Verdict
 from .stats import Stats
@@ -16,6 +16,7 @@ __all__ = [
     "Categorical",
     "Distribution",
     "Normal",
+    "PlainValueWarning",
     "PointMass",
     "Process",
     "Proposal",

@@ -68,8 +68,8 @@ def _split(out: Any, count: int, who: str) -> list:
     if isinstance(out, (Categorical, Normal)):
         if len(out.batch_shape) != 1 or out.batch_shape[0] != count:
             raise ValueError(
-                f"{who} returned a distribution with batch shape {out.batch_shape} for {count} states; "
-                f"expected batch shape ({count},)"
+                f"{who} returned a {type(out).__name__} with batch shape {out.batch_shape} for {count} states; "
+                f"expected batch shape ({count},): {_batch_hint(out, count)}"
             )
         return [out[i] for i in range(count)]
     try:
@@ -78,7 +78,23 @@ def _split(out: Any, count: int, who: str) -> list:
         raise ValueError(f"{who} must return one distribution per state, got {type(out).__name__}") from None
     if len(seq) != count:
         raise ValueError(f"{who} returned {len(seq)} distributions for {count} states")
-    return [as_distribution(d) for d in seq]
+    return [as_distribution(d, f"{who}'s distribution for a state") for d in seq]
+
+
+def _batch_hint(out: Any, count: int) -> str:
+    """How to give one distribution per state, for the error above."""
+    if isinstance(out, Normal):
+        if out.batch_ndims == 0 and out.loc.ndim >= 1 and out.loc.shape[0] == count:
+            return (
+                f"its loc has shape {out.loc.shape}, but a Normal's batch axes are only the first batch_ndims "
+                "axes (default 0: the whole array is one event); pass batch_ndims=1, as in "
+                "speculate.Normal(loc, scale, batch_ndims=1), so that axis 0 indexes the states"
+            )
+        return (
+            f"give loc of shape ({count}, *event) with batch_ndims=1 (its loc has shape {out.loc.shape} "
+            f"and batch_ndims={out.batch_ndims})"
+        )
+    return f"give probs (or logits) of shape ({count}, num_outcomes), one row per state (got {out.probs.shape})"
 
 
 def _stack(dists: list, shape: tuple[int, ...]) -> Any:
@@ -125,10 +141,25 @@ class _FunctionProcess:
     distributions are Categorical or Normal.
     """
 
-    def __init__(self, target, draft, step, states, stop):
+    def __init__(self, target, draft, step, states, stop, greedy=False):
         self.target, self.draft, self.step, self.stop = target, draft, step, stop
         self.states = list(states)
         self._batched = bool(getattr(draft, "batched", False))
+        self.greedy = greedy  # verify="greedy": a Categorical draft proposes its argmax
+
+    def _pick(self, d: Any, rng: np.random.Generator) -> Any:
+        """The drafted outcomes of one draft step: samples, or under greedy verification the draft's
+        argmax (first maximum) for Categoricals; a point mass proposes its value either way."""
+        if not self.greedy:
+            return [di.sample(rng) for di in d] if isinstance(d, list) else d.sample(rng)
+        if isinstance(d, Categorical):
+            return np.argmax(d.probs, axis=-1).astype(np.int64, copy=False)
+        if isinstance(d, list):
+            return [
+                int(np.argmax(di.probs)) if isinstance(di, Categorical) and not di.batch_shape else di.sample(rng)
+                for di in d
+            ]
+        return d.sample(rng)
 
     def _draft_step(self, states: list) -> Any:
         if self._batched:
@@ -154,7 +185,7 @@ class _FunctionProcess:
             if not live:
                 break
             d = self._draft_step([paths[p][-1] for p in live])
-            xs = [di.sample(rng) for di in d] if isinstance(d, list) else d.sample(rng)
+            xs = self._pick(d, rng)
             xl = xs.tolist() if isinstance(xs, np.ndarray) and xs.ndim == 1 else xs
             full = len(live) == P
             if full and isinstance(d, Categorical):
@@ -290,14 +321,20 @@ def chains(
 
     Each chain stops at ``n`` outcomes (an int, or one per chain) or at ``stop``; finished chains
     drop out without stalling the others. ``verify``: ``"token"`` (Leviathan et al.), ``"block"``
-    (Sun et al.; Categorical only), ``"greedy"`` (point-mass or argmax targets); ``branches=m`` > 1
+    (Sun et al.; Categorical only), ``"greedy"`` (point-mass or argmax targets; a Categorical draft
+    then proposes its argmax, first maximum on ties, and a point mass its value); ``branches=m`` > 1
     drafts m independent branches per round, verified by recursive rejection (Categorical only).
     ``lookahead``: k drafts per round, or ``"auto"``: k chosen each round from the running alpha
     and the cost ratio c (measured, or ``cost_ratio`` if given, which makes seeded runs
     bit-reproducible); see speculate.rounds.
     """
+    for name, fn in (("target", target), ("draft", draft), ("step", step)):
+        if not callable(fn):
+            raise TypeError(f"chains: {name} must be callable, got {type(fn).__name__}")
+    if stop is not None and not callable(stop):
+        raise TypeError(f"chains: stop must be callable or None, got {type(stop).__name__}")
     states = list(states)
-    proc = _FunctionProcess(target, draft, step, states, stop)
+    proc = _FunctionProcess(target, draft, step, states, stop, greedy=verify == "greedy")
     res = run(
         proc,
         len(states),

@@ -26,13 +26,21 @@ __all__ = [
     "Categorical",
     "Distribution",
     "Normal",
+    "PlainValueWarning",
     "PointMass",
     "as_distribution",
     "from_scipy",
     "from_torch",
 ]
 
-_SUM_TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-6}
+# how far a row's sum may stray from 1 (then renormalised exactly), by the dtype the caller gave:
+# float16 rounds each probability to 2^-11 relative (a correctly rounded law sums within 5e-4 of 1)
+_SUM_TOLERANCE = {np.dtype(np.float16): 1e-2, np.dtype(np.float32): 1e-4}
+_DEFAULT_SUM_TOLERANCE = 1e-6  # float64, integers, booleans
+
+
+def _sum_tolerance(dtype: np.dtype) -> float:
+    return _SUM_TOLERANCE.get(np.dtype(dtype), _DEFAULT_SUM_TOLERANCE)
 
 
 @runtime_checkable
@@ -52,13 +60,18 @@ class Distribution(Protocol):
     def log_prob(self, y: Any) -> float: ...
 
 
-def _as_float_array(x: Any, what: str) -> np.ndarray:
+def _as_array(x: Any, what: str) -> np.ndarray:
     arr = x if isinstance(x, np.ndarray) else np.asarray(x)
-    kind = arr.dtype.kind
-    if kind == "f" and arr.dtype.itemsize in (4, 8):
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{what} must be real numbers (a float or int array), got dtype {arr.dtype}")
+    return arr
+
+
+def _as_float_array(x: Any, what: str) -> np.ndarray:
+    """float32 and float64 as given; other real dtypes (float16, ints, bools) as float64."""
+    arr = _as_array(x, what)
+    if arr.dtype.kind == "f" and arr.dtype.itemsize in (4, 8):
         return arr
-    if kind not in "biuf":
-        raise TypeError(f"{what} must be real numbers, got dtype {arr.dtype}")
     return arr.astype(np.float64)
 
 
@@ -86,9 +99,10 @@ def _explain_bad_probs(pr: np.ndarray, sums: np.ndarray, tol: float) -> None:
 class Categorical:
     """A categorical distribution over outcomes ``0..V-1`` (last axis), with optional batch axes.
 
-    Give exactly one of ``probs`` (non-negative, each row summing to 1 within a tolerance of 1e-4 for
-    float32 and 1e-6 for float64, then renormalised exactly) or ``logits`` (finite or -inf; softmax
-    taken in float64). float32 and float64 are kept as given; other numeric types become float64.
+    Give exactly one of ``probs`` (non-negative, each row summing to 1 within a tolerance of 1e-2 for
+    float16, 1e-4 for float32 and 1e-6 for float64, then renormalised exactly) or ``logits`` (finite
+    or -inf; softmax taken in float64). float32 and float64 are kept as given; other real types
+    (float16, integers) become float64.
     ``validate=False`` skips the checks (for probabilities straight from a softmax on a hot path).
 
     >>> import numpy as np, speculate as sp
@@ -111,6 +125,8 @@ class Categorical:
     ) -> None:
         if (probs is None) == (logits is None):
             raise ValueError("Categorical takes exactly one of probs= or logits=")
+        if atol is not None and not (isinstance(atol, (int, float, np.integer, np.floating)) and 0 <= atol < math.inf):
+            raise ValueError(f"Categorical atol (tolerance on a row's sum) must be a finite number >= 0, got {atol!r}")
         if logits is not None:
             lg = _as_float_array(logits, "Categorical logits")
             if lg.ndim == 0 or lg.shape[-1] == 0:
@@ -126,11 +142,12 @@ class Categorical:
             e = np.exp(l64 - top)
             self.probs = (e / e.sum(axis=-1, keepdims=True)).astype(lg.dtype)
             return
-        pr = _as_float_array(probs, "Categorical probs")
+        given = _as_array(probs, "Categorical probs")
+        pr = _as_float_array(given, "Categorical probs")
         if pr.ndim == 0 or pr.shape[-1] == 0:
             raise ValueError(f"Categorical probs need a non-empty last axis, got shape {pr.shape}")
         if validate:
-            tol = _SUM_TOLERANCE[pr.dtype] if atol is None else atol
+            tol = _sum_tolerance(given.dtype) if atol is None else float(atol)
             flat = np.ascontiguousarray(pr.reshape(-1, pr.shape[-1]))
             status, _, _, sums = check_probs(flat, tol)
             if status:
@@ -192,6 +209,11 @@ class Categorical:
         y = np.asarray(y)
         if not np.issubdtype(y.dtype, np.integer):
             raise TypeError(f"Categorical outcomes are integers, got dtype {y.dtype}")
+        if y.shape != self.batch_shape:
+            raise ValueError(
+                f"outcome of shape {y.shape} does not match the Categorical's batch shape {self.batch_shape}: "
+                "give one outcome id per batch element"
+            )
         if np.any((y < 0) | (y >= self.num_outcomes)):
             raise ValueError(f"outcome outside 0..{self.num_outcomes - 1}: {y}")
         pr = np.take_along_axis(self.probs, y[..., None], axis=-1)[..., 0] if self.batch_shape else (self.probs[int(y)])
@@ -221,6 +243,9 @@ class Normal:
     def __init__(self, loc: Any, scale: Any, *, batch_ndims: int = 0, validate: bool = True) -> None:
         loc = _as_float_array(loc, "Normal loc")
         scale = _as_float_array(scale, "Normal scale")
+        if isinstance(batch_ndims, bool) or not isinstance(batch_ndims, (int, np.integer)):
+            raise TypeError(f"Normal batch_ndims must be an int, got {type(batch_ndims).__name__}")
+        batch_ndims = int(batch_ndims)
         if batch_ndims < 0 or batch_ndims > loc.ndim:
             raise ValueError(f"batch_ndims={batch_ndims} does not fit loc of shape {loc.shape}")
         try:
@@ -262,15 +287,24 @@ class Normal:
         return Normal(loc, scale[idx], batch_ndims=self.batch_ndims - dropped, validate=False)
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
-        return self.loc + self.scale * rng.standard_normal(self.loc.shape)
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = self.loc + self.scale * rng.standard_normal(self.loc.shape)
+        if not np.all(np.isfinite(y)):  # only possible when built with validate=False, or on overflow
+            i = _first_index(~np.isfinite(np.atleast_1d(y)))
+            raise ValueError(
+                f"Normal sample is not finite at index {i}: loc or scale is NaN or inf there "
+                "(built with validate=False?), or loc + scale * z overflows"
+            )
+        return y
 
     def log_prob(self, y: Any) -> Any:
         y = np.asarray(y, dtype=np.float64)
         if y.shape != self.loc.shape:
             raise ValueError(f"Normal outcome of shape {y.shape} does not match loc {self.loc.shape}")
         scale = np.broadcast_to(self.scale, self.loc.shape).astype(np.float64)
-        z = (y - self.loc) / scale
-        lp = -0.5 * z * z - np.log(scale) - 0.5 * math.log(2 * math.pi)
+        with np.errstate(over="ignore"):  # a point ~1e154 scales away has log density -inf in floats
+            z = (y - self.loc) / scale
+            lp = -0.5 * z * z - np.log(scale) - 0.5 * math.log(2 * math.pi)
         axes = tuple(range(self.batch_ndims, self.loc.ndim))
         out = lp.sum(axis=axes)
         return float(out) if np.ndim(out) == 0 else out
@@ -358,7 +392,31 @@ def from_scipy(frozen: Any) -> Any:
     """
     if not hasattr(frozen, "rvs"):
         raise TypeError(f"from_scipy expects a frozen scipy.stats distribution, got {type(frozen).__name__}")
+    family = _unfrozen_family(frozen)
+    if family is not None:
+        raise TypeError(
+            f"from_scipy needs a frozen distribution (a family with its parameters), got the family "
+            f"scipy.stats.{family} itself: freeze it by calling it with its parameters, e.g. "
+            "scipy.stats.poisson(3) or scipy.stats.norm(0, 1)"
+        )
     return _Scipy(frozen)
+
+
+def _unfrozen_family(obj: Any) -> str | None:
+    """The family's name when ``obj`` is a scipy.stats family (not frozen), else None."""
+    import scipy.stats as st
+
+    if isinstance(obj, (st.rv_continuous, st.rv_discrete)):
+        return str(getattr(obj, "name", None) or type(obj).__name__)
+    try:
+        from scipy.stats._multivariate import multi_rv_generic
+    except ImportError:  # pragma: no cover - a scipy that moved it: recognise the families by name
+        name = type(obj).__name__
+        return name[: -len("_gen")] if name.endswith("_gen") else None
+    if isinstance(obj, multi_rv_generic):
+        name = type(obj).__name__
+        return name[: -len("_gen")] if name.endswith("_gen") else name
+    return None
 
 
 class _Torch:
@@ -414,8 +472,42 @@ def from_torch(dist: Any) -> Any:
     return _Torch(dist)
 
 
-def as_distribution(x: Any) -> Any:
-    """A distribution as given; a torch distribution adapted; anything else a :class:`PointMass`."""
+class PlainValueWarning(UserWarning):
+    """A plain value that looks like a probability vector was taken as a point mass."""
+
+
+def _looks_like_probs(x: Any) -> bool:
+    """A float array (or list of floats) of at least two entries per row, non-negative, rows summing to 1."""
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind != "f" or x.ndim == 0 or x.shape[-1] < 2:
+            return False
+        arr = x
+    elif isinstance(x, (list, tuple)):
+        if len(x) < 2 or not all(isinstance(v, (float, np.floating)) for v in x):
+            return False
+        arr = np.asarray(x, dtype=np.float64)
+    else:
+        mod = type(x).__module__ or ""
+        if not (mod == "torch" and getattr(x, "is_floating_point", lambda: False)() and x.device.type == "cpu"):
+            return False
+        if x.dim() == 0 or x.shape[-1] < 2:
+            return False
+        arr = x.detach().numpy()
+    with np.errstate(all="ignore"):
+        if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+            return False
+        sums = arr.sum(axis=-1, dtype=np.float64)
+        return bool(np.all(np.abs(sums - 1.0) <= _sum_tolerance(arr.dtype)))
+
+
+def as_distribution(x: Any, who: str = "a value") -> Any:
+    """A distribution as given; a torch or scipy distribution adapted; anything else a :class:`PointMass`.
+
+    A plain float array (or list of floats) whose rows are non-negative and sum to 1 is still a point
+    mass, but it warns (:class:`PlainValueWarning`): it was probably meant as probabilities. Wrap it
+    in ``Categorical(probs=...)``, or in ``PointMass(...)`` to say it is a value (no warning).
+    ``who`` names where the value came from, for the warning.
+    """
     if isinstance(x, (Categorical, Normal, PointMass, _Scipy, _Torch)):
         return x
     mod = type(x).__module__ or ""
@@ -425,4 +517,15 @@ def as_distribution(x: Any) -> Any:
         return from_scipy(x)
     if callable(getattr(x, "sample", None)) and callable(getattr(x, "log_prob", None)):
         return x
+    if _looks_like_probs(x):
+        import warnings
+
+        warnings.warn(
+            f"{who} is a plain {type(x).__name__} of non-negative floats summing to 1, not a distribution: "
+            "it is taken as a point mass (a fixed value). If it holds probabilities, wrap it: "
+            "speculate.Categorical(probs=...); if it is a value, wrap it in speculate.PointMass(...) "
+            "to say so (and silence this warning)",
+            PlainValueWarning,
+            stacklevel=3,
+        )
     return PointMass(x)

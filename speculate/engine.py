@@ -6,10 +6,15 @@ and ``g`` is computed again on the replacement. The returned value is distribute
 ``g(y)`` with ``y ~ f(x)`` (proofs/01, proofs/09).
 
 Contract on ``g``: it is called on the guess before the guess is verified, so it must have no side
-effects that matter when its result is thrown away (or the caller accepts them). On rejection,
-``g(guess)``'s result or exception is discarded (a running call cannot be interrupted; it finishes
-in its worker). Exceptions from ``f`` or ``f_star`` propagate; an exception from ``g`` propagates
-only when it is the result of ``g`` on the final sample.
+effects that matter when its result is thrown away (or the caller accepts them). ``g`` always runs
+in the executor the caller gave: on the guess, and again on the replacement after a rejection, so
+a ``g`` that the executor cannot run (an unpicklable function with a ProcessPoolExecutor) fails the
+same way whatever the seed (with the default shared thread pool, ``g`` on a replacement runs in the
+calling thread). On rejection, ``g(guess)``'s result or exception is discarded (a running call
+cannot be interrupted; it finishes in its worker). Exceptions from ``f`` or ``f_star`` propagate
+(KeyboardInterrupt too); an exception from ``g`` propagates only when it is the result of ``g`` on
+the final sample. Every exception that propagates carries a note (PEP 678) naming the call it came
+from.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .distributions import as_distribution
+from .distributions import Categorical, as_distribution
 from .rng import as_rng
 from .verify import DEFAULT_MAX_TRIES, verify_one
 
@@ -71,9 +76,27 @@ def speculative_sample(
     (True, True)
     """
     rng = as_rng(rng)
-    p, q = as_distribution(p), as_distribution(q)
+    _check_max_tries(max_tries)
+    p, q = as_distribution(p, "p"), as_distribution(q, "q")
+    if draft is not None and isinstance(q, Categorical):
+        draft = _outcome_ids(draft)
     x = q.sample(rng) if draft is None else draft
     return verify_one(p, q, x, rng, max_tries)
+
+
+def _outcome_ids(draft: Any) -> Any:
+    """A Categorical's drafted outcomes as integers (an empty list or array becomes int64)."""
+    if isinstance(draft, (int, np.integer)) and not isinstance(draft, (bool, np.bool_)):
+        return draft
+    arr = np.asarray(draft)
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(
+            f"draft= for a Categorical must be outcome ids (integers), got dtype {arr.dtype}: pass the "
+            "outcome that was drawn from q, e.g. q.sample(rng)"
+        )
+    return draft
 
 
 def speculate(
@@ -93,7 +116,9 @@ def speculate(
     and ``log_prob(y)``); a plain value means a point mass, and then this is classic speculative
     execution (keep the guess iff it equals f's value). ``g`` runs in ``executor`` (default: a
     shared thread pool; any ``concurrent.futures.Executor`` works, e.g. a ProcessPoolExecutor for
-    CPU-bound Python ``g``) while ``f`` runs in the calling thread. Same ``rng`` seed, same result.
+    CPU-bound Python ``g``) while ``f`` runs in the calling thread; after a rejection ``g`` runs
+    again on f's sample in the same executor. Same ``rng`` seed, same result. The arguments are
+    checked before anything runs; an exception from a call propagates with a note naming the call.
 
     >>> import time, speculate as sp
     >>> def f(x):  time.sleep(0.01); return sp.Categorical(probs=[0.5, 0.3, 0.2])
@@ -104,18 +129,56 @@ def speculate(
     True
     """
     rng = as_rng(rng)
-    q = as_distribution(f_star(x))
-    guess = q.sample(rng)
-    pool = executor if executor is not None else _default_executor()
-    future: Future = pool.submit(g, guess)
+    for name, fn in (("f", f), ("f_star", f_star), ("g", g)):
+        if not callable(fn):
+            raise TypeError(f"speculate: {name} must be callable, got {type(fn).__name__}")
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        raise TypeError(
+            f"speculate: executor must be a concurrent.futures.Executor (an object with submit(fn, *args) "
+            f"returning a Future), or None for the shared thread pool; got {type(executor).__name__}"
+        )
+    _check_max_tries(max_tries)
+    phase = "f_star(x)"
+    future: Future | None = None
     try:
-        p = as_distribution(f(x))
+        q = as_distribution(f_star(x), "f_star(x)")
+        phase = "sampling the guess from f_star(x)"
+        guess = q.sample(rng)
+        pool = executor if executor is not None else _default_executor()
+        phase = "the executor's submit(g, guess)"
+        future = pool.submit(g, guess)
+        phase = "f(x)"
+        p = as_distribution(f(x), "f(x)")
+        phase = "the verification of f_star's guess against f(x)"
         y, kept = verify_one(p, q, guess, rng, max_tries)
-    except BaseException:
-        future.cancel()
+        accepted = bool(np.all(kept))
+        if accepted:
+            phase = "g on the kept guess (run in the executor)"
+            return SpeculationResult(future.result(), y, True)
+        future.cancel()  # its result or exception is discarded
+        future = None
+        if executor is None:
+            phase = "g on f's sample after the guess was rejected"
+            return SpeculationResult(g(y), y, False)
+        phase = "g on f's sample after the guess was rejected (run in the executor)"
+        future = executor.submit(g, y)
+        return SpeculationResult(future.result(), y, False)
+    except BaseException as err:  # KeyboardInterrupt too: say where it came from, then let it go
+        if future is not None:
+            future.cancel()
+        _note(err, f"speculate.engine.speculate: raised in {phase}")
         raise
-    accepted = bool(np.all(kept))
-    if accepted:
-        return SpeculationResult(future.result(), y, True)
-    future.cancel()
-    return SpeculationResult(g(y), y, False)
+
+
+def _check_max_tries(max_tries: Any) -> None:
+    if isinstance(max_tries, bool) or not isinstance(max_tries, (int, np.integer)):
+        raise TypeError(f"max_tries must be an int >= 1, got {type(max_tries).__name__}")
+    if max_tries < 1:
+        raise ValueError(f"max_tries (tries of rejection sampling for a residual) must be >= 1, got {max_tries}")
+
+
+def _note(err: BaseException, text: str) -> None:
+    """Attach ``text`` to ``err`` (PEP 678 notes, shown under the traceback; Python >= 3.11)."""
+    add = getattr(err, "add_note", None)
+    if add is not None:
+        add(text)

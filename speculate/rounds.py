@@ -124,14 +124,16 @@ class _Lookahead:
 
 def _per_row(n: Any, n_rows: int) -> np.ndarray:
     a = np.asarray(n)
+    if a.ndim == 1 and a.size == 0:
+        a = a.astype(np.int64)  # an empty list of counts, for no chains
+    if not (np.issubdtype(a.dtype, np.integer) and a.dtype != np.bool_):  # checked even for no rows
+        raise TypeError(f"n (outcomes per chain) must be an integer or integers, got {n!r} (dtype {a.dtype})")
     if a.ndim == 0:
         a = np.full(n_rows, a)
     if a.shape != (n_rows,):
         raise ValueError(f"n must be an int or one per row ({n_rows}), got shape {a.shape}")
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-        raise TypeError(f"n must be an integer, got {a.dtype}")
-    if a.size and a.min() < 0:
-        raise ValueError(f"n (outcomes per chain) must be >= 0, got {a.min()}")
+    if a.size and (a.min() < 0 or a.max() > np.iinfo(np.int64).max):
+        raise ValueError(f"n (outcomes per chain) must lie in 0..2**63-1, got {a.min()}..{a.max()}")
     return a.astype(np.int64)
 
 

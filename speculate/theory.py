@@ -115,14 +115,40 @@ walltime_improvement = speedup
 
 
 def optimal_lookahead(alpha: float, c: float, k_max: int = 64) -> int:
-    """The k in 0..k_max that maximises speedup(alpha, k, c) (0 when speculation cannot pay)."""
+    """The k in 0..k_max that maximises speedup(alpha, k, c) (0 when speculation cannot pay).
+
+    Precisely: the smallest k whose speedup is within a relative 1e-12 of the maximum over 0..k_max
+    (for c = 0 the speedup grows forever, and this is where the gain becomes negligible). The
+    speedup increases while g(k) = alpha^(k+1) (k c + 1) - c E_k > 0 and decreases after, with g
+    decreasing (proofs/06), so both steps are bisections: O(log k_max) evaluations, whatever k_max.
+    """
     _check(alpha, None, c)
-    best_k, best = 0, 1.0
-    for k in range(1, k_max + 1):
-        s = speedup(alpha, k, c)
-        if s > best * (1.0 + 1e-12):
-            best_k, best = k, s
-    return best_k
+    if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)):
+        raise TypeError(f"k_max must be an int, got {type(k_max).__name__}")
+    if k_max < 0:
+        raise ValueError(f"k_max must be >= 0, got {k_max}")
+    a, c = float(alpha), float(c)
+
+    def tokens(k: int) -> float:
+        return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+    lo, hi = 0, int(k_max)  # the first k with g(k) <= 0 (the first maximiser), else k_max
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a ** (mid + 1) * (mid * c + 1.0) - c * tokens(mid) <= 0.0:
+            hi = mid
+        else:
+            lo = mid + 1
+    peak = lo
+    floor = tokens(peak) / (peak * c + 1.0) / (1.0 + 1e-12)
+    lo, hi = 0, peak  # the speedup does not decrease on 0..peak: the first k reaching the floor
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tokens(mid) / (mid * c + 1.0) >= floor:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def multi_draft_acceptance(alphas: Any) -> float:

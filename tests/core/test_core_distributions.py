@@ -116,3 +116,61 @@ def test_from_torch_maps_to_exact_kinds():
     assert as_distribution(td.Categorical(logits=torch.zeros(3))).num_outcomes == 3
     with pytest.raises(TypeError, match=r"torch\.distributions"):
         sp.from_torch(object())
+
+
+@pytest.mark.parametrize("family", [st.poisson, st.norm, st.multivariate_normal, st.dirichlet])
+def test_from_scipy_refuses_an_unfrozen_family(family):
+    """Regression: from_scipy(st.poisson) was accepted and failed late inside scipy (rvs without mu)."""
+    with pytest.raises(TypeError, match=r"frozen.*freeze it.*scipy\.stats\.poisson\(3\)"):
+        sp.from_scipy(family)
+    with pytest.raises(TypeError, match="freeze it"):  # also when returned where a distribution is expected
+        sp.speculative_sample(family, sp.from_scipy(st.poisson(3)), rng=0)
+
+
+def test_from_scipy_accepts_frozen_distributions():
+    for frozen in (st.poisson(3), st.norm(), st.multivariate_normal(np.zeros(2), np.eye(2)), st.dirichlet([1, 2])):
+        assert sp.from_scipy(frozen).frozen is frozen
+
+
+def test_float16_probabilities_use_a_float16_tolerance():
+    """Fuzzing: float16 probabilities rounded from a normalised law (sum 1.0001) were refused with
+    the float64 tolerance 1e-6; the tolerance now follows the dtype given (1e-2 for float16)."""
+    p16 = np.array([0.1, 0.2, 0.7], np.float16)
+    assert abs(float(p16.astype(np.float64).sum()) - 1) > 1e-6
+    d = sp.Categorical(probs=p16)
+    assert d.dtype == np.float64 and d.probs.sum() == pytest.approx(1.0, abs=1e-15)
+    with pytest.raises(ValueError, match=r"within 0\.01"):
+        sp.Categorical(probs=np.array([0.1, 0.2, 0.75], np.float16))
+    with pytest.raises(ValueError, match="within 1e-06"):  # integers and float64 keep 1e-6
+        sp.Categorical(probs=np.array([1, 1]))
+
+
+@pytest.mark.parametrize("atol", [-1.0, float("nan"), float("inf"), "1e-3"])
+def test_categorical_rejects_a_bad_tolerance(atol):
+    with pytest.raises(ValueError, match="atol"):
+        sp.Categorical(probs=[0.5, 0.5], atol=atol)
+
+
+def test_categorical_log_prob_checks_the_outcome_shape():
+    """Fuzzing: an outcome array of the wrong shape raised numpy's IndexError from take_along_axis."""
+    d = sp.Categorical(probs=np.full((2, 3), 1 / 3))
+    with pytest.raises(ValueError, match=r"outcome of shape \(3,\) does not match .* batch shape \(2,\)"):
+        d.log_prob(np.arange(3))
+    with pytest.raises(ValueError, match="batch shape"):
+        d[0].log_prob(np.array([1]))
+    with pytest.raises(ValueError, match="batch shape"):  # through the engine: a clear error, not IndexError
+        sp.speculative_sample(d, sp.PointMass(np.arange(3)), rng=0)
+
+
+def test_normal_checks_batch_ndims_and_never_samples_nan():
+    with pytest.raises(TypeError, match="batch_ndims must be an int"):
+        sp.Normal(np.zeros((2, 3)), 1.0, batch_ndims=1.5)
+    with pytest.raises(TypeError, match="batch_ndims must be an int"):
+        sp.Normal(np.zeros((2, 3)), 1.0, batch_ndims=True)
+    # fuzzing: an unvalidated NaN loc was sampled into NaN outcomes (a chain with lookahead 0)
+    bad = sp.Normal(np.array([0.0, np.nan]), 1.0, validate=False)
+    with pytest.raises(ValueError, match=r"not finite at index \(1,\).*validate=False"):
+        bad.sample(np.random.default_rng(0))
+    # far tails: the log density is -inf (no overflow warning, no NaN)
+    with np.errstate(all="raise"):
+        assert sp.Normal(0.0, 1e-300).log_prob(1.0) == -math.inf

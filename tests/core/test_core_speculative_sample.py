@@ -197,3 +197,18 @@ def test_residual_rejection_bound_raises_a_clear_error():
         sp.speculative_sample(p, q, rng=0, draft=1.0 + 5e-10, max_tries=1000)
     y, kept = sp.speculative_sample(p, q, rng=0, draft=0.5)
     assert (y, kept) == (0.5, True)
+
+
+def test_drafted_outcomes_must_be_ids_and_empty_batches_work():
+    """Fuzzing: an empty batch with draft=[] (a float64 empty array) returned float "outcomes"; a
+    float draft for a Categorical is now refused with a message that says what to pass."""
+    p, q = sp.Categorical(probs=np.zeros((0, 3))), sp.Categorical(probs=np.zeros((0, 3)))
+    for draft in (None, [], np.zeros(0)):
+        y, kept = sp.speculative_sample(p, q, rng=0, draft=draft)
+        assert y.shape == (0,) and y.dtype == np.int64 and kept.shape == (0,) and kept.dtype == bool
+    P, Q = sp.Categorical(probs=[0.5, 0.5]), sp.Categorical(probs=[0.2, 0.8])
+    with pytest.raises(TypeError, match=r"outcome ids \(integers\), got dtype float64"):
+        sp.speculative_sample(P, Q, rng=0, draft=1.0)
+    with pytest.raises(TypeError, match="outcome ids"):
+        sp.speculative_sample(P, Q, rng=0, draft=True)
+    assert sp.speculative_sample(P, Q, rng=0, draft=np.int32(1))[0] in (0, 1)

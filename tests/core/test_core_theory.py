@@ -78,3 +78,15 @@ def test_multi_draft_acceptance_and_engine_speedup():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_optimal_lookahead_is_the_first_maximiser_on_a_grid():
+    """The bisections (O(log k_max)) give what a full scan gives: the smallest k whose speedup is
+    within a relative 1e-12 of the best over 0..k_max (exhaustive over a grid of alpha, c, k_max)."""
+    for a in np.linspace(0.0, 1.0, 41):
+        for c in (0.0, 1e-3, 0.01, 0.05, 0.1, 0.3, 1.0, 5.0):
+            for k_max in (0, 1, 2, 7, 16, 64):
+                s = [theory.speedup(float(a), k, c) for k in range(k_max + 1)]
+                want = next(k for k in range(k_max + 1) if s[k] >= max(s) / (1 + 1e-12))
+                assert theory.optimal_lookahead(float(a), c, k_max) == want, (a, c, k_max)
+    assert theory.optimal_lookahead(0.9, 0.01, 10**12) < 1000  # no scan over a huge k_max
