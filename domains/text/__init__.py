@@ -8,12 +8,14 @@ See ``domains/text/README.md``.
 """
 
 from .api import GenerationOutput, SpeculativeGenerator, check_vocabularies
+from .kv_cache import CacheMemoryError
 from .pair import load_pair
 from .sampling import SamplingConfig
 from .tokenizer import ByteTokenizer
 
 __all__ = [
     "ByteTokenizer",
+    "CacheMemoryError",
     "GenerationOutput",
     "SamplingConfig",
     "SpeculativeGenerator",

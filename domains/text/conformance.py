@@ -4,9 +4,12 @@ Each case samples rows through :class:`~speculate.domains.text.SpeculativeGenera
 them with the exact law of :func:`~speculate.domains.text.continuation_law.continuation_law`.
 :func:`tiny_llama` builds the small random Llamas of these cases and of ``tests/text``.
 
->>> [c.name for c in conformance_cases()]                     # doctest: +NORMALIZE_WHITESPACE
+>>> cases = conformance_cases()
+>>> [c.name for c in cases]                                   # doctest: +NORMALIZE_WHITESPACE
 ['text: model draft, block, T=0.8 top-k 6 top-p 0.9, EOS', 'text: n-gram draft, token, top-k 5',
  'text: early-exit draft, block, T=1.2 top-k 6, auto lookahead']
+>>> all(c.detectable_tv() <= DEFAULT_TV for c in cases)       # TV caught with probability 0.99
+True
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from .continuation_law import continuation_law
 from .sampling import SamplingConfig
 
-__all__ = ["PROMPTS", "conformance_cases", "tiny_llama"]
+__all__ = ["DEFAULT_TV", "PROMPTS", "conformance_cases", "tiny_llama"]
 
 #: three prompts of different lengths (rows get left-padded); the second repeats for n-gram lookups
 PROMPTS = ([1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2])
@@ -48,10 +51,17 @@ def tiny_llama(vocab: int = 12, hidden: int = 32, layers: int = 2, heads: int = 
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
 
+#: the total-variation deviation the shared suite's cases catch with probability 0.99 at the
+#: suite's level (``speculate.testing.DEFAULT_ALPHA``); ``tests/text`` runs them at 0.01 (slow)
+DEFAULT_TV = 0.02
+CHUNK = 20_000  # rows per generate call (bounds the memory of the caches)
+
+
 def _case(name: str, draft: str, verify: str, cfg: SamplingConfig, eos: list[int],
-          lookahead: int | str, n_new: int = 2, n: int = 9000) -> Any:
-    """A case whose outcome is (prompt index, first ``n_new`` tokens), the prompt drawn uniformly."""
-    from speculate.testing import ConformanceCase
+          lookahead: int | str, tv: float, n_new: int = 2) -> Any:
+    """A case whose outcome is (prompt index, first ``n_new`` tokens), the prompt drawn uniformly;
+    as many samples as catch a deviation of total variation ``tv`` (``chi2_sample_size``)."""
+    from speculate.testing import ConformanceCase, chi2_sample_size
 
     from .api import SpeculativeGenerator
 
@@ -65,33 +75,40 @@ def _case(name: str, draft: str, verify: str, cfg: SamplingConfig, eos: list[int
         rng = np.random.default_rng(seed)
         which = rng.integers(0, len(PROMPTS), count)
         L = max(len(p) for p in PROMPTS)
-        ids = torch.tensor([[0] * (L - len(PROMPTS[w])) + PROMPTS[w] for w in which])
-        mask = torch.tensor([[0] * (L - len(PROMPTS[w])) + [1] * len(PROMPTS[w]) for w in which])
+        out: list[tuple[int, ...]] = []
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            out = gen.generate(ids, attention_mask=mask, max_new_tokens=n_new, rng=rng,
-                               temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                               eos_token_id=eos)
+            for lo in range(0, count, CHUNK):
+                part = which[lo : lo + CHUNK]
+                ids = torch.tensor([[0] * (L - len(PROMPTS[w])) + PROMPTS[w] for w in part])
+                mask = torch.tensor([[0] * (L - len(PROMPTS[w])) + [1] * len(PROMPTS[w]) for w in part])
+                res = gen.generate(ids, attention_mask=mask, max_new_tokens=n_new, rng=rng,
+                                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                   eos_token_id=eos)
+                out += [(int(w), *t) for w, t in zip(part, res.new_tokens, strict=True)]
         finally:
             torch.set_num_threads(threads)
-        return [(int(w), *t) for w, t in zip(which, out.new_tokens, strict=True)]
+        return out
 
-    return ConformanceCase(name=name, sample=sample, law=law, n=n)
+    cells = sum(1 for w in law.values() if w > 0)
+    return ConformanceCase(name=name, sample=sample, law=law, n=chi2_sample_size(tv, cells))
 
 
-def conformance_cases() -> list[Any]:
+def conformance_cases(tv: float = DEFAULT_TV) -> list[Any]:
     """The text domain's cases for the shared exactness suite (``speculate.testing``).
 
     Each samples a batch of rows with prompts of different lengths through
     :class:`~speculate.domains.text.SpeculativeGenerator` on tiny random Llamas, and gives the exact law of
-    (prompt, first two tokens) from :func:`continuation_law`. A few seconds each on one CPU core.
+    (prompt, first two tokens) from :func:`continuation_law`, with enough samples (60,000 to
+    90,000) to catch a deviation of total variation ``tv`` with probability 0.99 at level 1e-6
+    (``ConformanceCase.detectable_tv``). About 5-8 s of CPU each at the default 0.02.
     """
     return [
         _case("text: model draft, block, T=0.8 top-k 6 top-p 0.9, EOS", "model", "block",
-              SamplingConfig(0.8, 6, 0.9), [0], 2),
+              SamplingConfig(0.8, 6, 0.9), [0], 2, tv),
         _case("text: n-gram draft, token, top-k 5", "ngram", "token",
-              SamplingConfig(1.0, 5, None), [], 3),
+              SamplingConfig(1.0, 5, None), [], 3, tv),
         _case("text: early-exit draft, block, T=1.2 top-k 6, auto lookahead", "early-exit:1",
-              "block", SamplingConfig(1.2, 6, None), [], "auto"),
+              "block", SamplingConfig(1.2, 6, None), [], "auto", tv),
     ]

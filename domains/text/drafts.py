@@ -54,7 +54,8 @@ class ModelDraft:
     """
 
     def __init__(self, model: Any) -> None:
-        check_model(model)
+        check_model(model, "draft")
+        self.model = model
         self.lm = lean_model(model)  # a lean loop for Llama drafts (draft steps are mostly overhead)
         self.vocab = model_vocab_size(model)
         cfg = text_config(model.config)
@@ -118,6 +119,12 @@ class ModelDraft:
                 outcomes[:, i] = self._argmax(last, vocab).cpu().numpy()
             else:
                 qi = self._probs(last, cfg, vocab).cpu().numpy()  # [R, V]
+                if not np.isfinite(qi.sum(axis=-1)).all():  # NaN logits make a whole row NaN
+                    bad = rows[~np.isfinite(qi.sum(axis=-1))][:8].tolist()
+                    raise ValueError(
+                        f"the draft's logits are not finite (NaN or +inf) for rows {bad}: its "
+                        "weights or activations overflowed or hold NaN; check the draft model "
+                        "with a plain forward pass (float32 or bfloat16 instead of float16?)")
                 q[:, i] = qi
                 outcomes[:, i] = _sample(qi, rng)
             if i + 1 < steps:
@@ -256,7 +263,9 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
         copies.append(c)
     for parent, child, name in zip(copies[:-1], copies[1:], path[:-1], strict=True):
         parent._modules[name] = child
-    copies[-1]._modules[path[-1]] = torch.nn.ModuleList(list(layers)[:n_layers])
+    first = torch.nn.ModuleList(list(layers)[:n_layers])
+    first.training = layers.training  # a new container starts in training mode; not its layers
+    copies[-1]._modules[path[-1]] = first
     return copies[0]
 
 
@@ -285,7 +294,10 @@ def make_draft(draft: Any, target: Any) -> ModelDraft | NgramDraft:
     if isinstance(draft, str):
         m = _NGRAM.match(draft)
         if m:
-            return NgramDraft(max_n=int(m.group(1) or 3))
+            n = int(m.group(1) or 3)
+            if n < 1:
+                raise ValueError(f"{draft!r}: N in 'ngram:N' (the longest n-gram looked up) must be >= 1")
+            return NgramDraft(max_n=n)
         m = _EARLY.match(draft)
         if m:
             return EarlyExitDraft(target, int(m.group(1)))

@@ -23,7 +23,19 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["CachedModel", "advance_length", "check_model", "model_vocab_size", "text_config"]
+__all__ = [
+    "CacheMemoryError",
+    "CachedModel",
+    "advance_length",
+    "available_memory",
+    "cache_bytes",
+    "check_eval_mode",
+    "check_model",
+    "length_limits",
+    "max_positions",
+    "model_vocab_size",
+    "text_config",
+]
 
 # --------------------------------------------------------------------------------------------
 # KV cache: one preallocated buffer per layer, written at per-row positions
@@ -120,6 +132,119 @@ def _model_device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
+def max_positions(model: Any) -> int | None:
+    """The number of positions a model with learned absolute position embeddings has, else None.
+
+    GPT-2 (``n_positions``), OPT, GPT-Neo and the like look positions up in an embedding table of
+    ``max_position_embeddings`` rows (OPT: 2 more, an offset): a position past it is an index
+    error. Models whose positions are computed (RoPE, ALiBi, sinusoidal: Llama, Mistral, Qwen,
+    GPT-NeoX, ...) have no such table; their ``max_position_embeddings`` is a training length,
+    not a limit, and None is returned.
+    """
+    cfg = text_config(model.config)
+    limit = next((v for v in (getattr(cfg, a, None) for a in ("n_positions", "max_position_embeddings"))
+                  if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+    if limit is None:
+        return None
+    get_inp = getattr(model, "get_input_embeddings", None)
+    tokens = get_inp() if get_inp is not None else None
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding) and m is not tokens and limit <= m.num_embeddings <= limit + 2:
+            return limit
+    return None
+
+
+def length_limits(model: Any) -> list[tuple[int, str]]:
+    """The longest sequence (prompt plus new tokens) ``model`` can decode, with the reason:
+    a sliding attention window (the cache attends to every slot) or learned positions."""
+    cfg = text_config(model.config)
+    out = []
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    if isinstance(window, int) and window > 0:
+        out.append((window, f"a sliding attention window of {window} tokens (config.sliding_window)"))
+    n = max_positions(model)
+    if n is not None:
+        out.append((n, f"{n} learned positions (config.max_position_embeddings / n_positions)"))
+    return out
+
+
+class CacheMemoryError(MemoryError, ValueError):
+    """The KV caches a ``generate`` call needs do not fit in the memory available for them.
+
+    Raised before anything is allocated; a ``MemoryError`` and a ``ValueError``.
+    """
+
+
+def cache_bytes(model: Any, batch: int, capacity: int) -> int | None:
+    """Bytes of the keys and values of ``batch`` rows of ``capacity`` slots (as :class:`CachedModel`
+    and ``LeanLlama`` allocate them), from the config and the parameters' dtype; None when the
+    config does not say (no ``num_hidden_layers`` / ``num_attention_heads`` / ``hidden_size``).
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+    ...                   num_attention_heads=4, num_key_value_heads=2)
+    >>> cache_bytes(LlamaForCausalLM(cfg), batch=3, capacity=10)   # 2 layers x (K, V) x 3 x 2 x 8 x 10 x 4
+    7680
+    """
+    cfg = text_config(model.config)
+    try:
+        layers = int(cfg.num_hidden_layers)
+        heads = int(cfg.num_attention_heads)
+        kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    item = next(model.parameters()).element_size()
+    return 2 * layers * int(batch) * kv * head_dim * int(capacity) * item
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def available_memory(device: Any) -> tuple[int, str] | None:
+    """``(bytes, where the number comes from)`` free for new tensors on ``device``, or None when
+    unknown: ``MemAvailable`` of ``/proc/meminfo`` for the CPU (Linux), ``torch.cuda.mem_get_info``
+    plus the memory PyTorch's allocator holds unused for a CUDA device."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        n = _meminfo_available()
+        return None if n is None else (n, "MemAvailable in /proc/meminfo")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(dev)
+        held = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        return int(free + held), f"torch.cuda.mem_get_info({dev}) + unused reserved memory"
+    return None
+
+
+def check_eval_mode(model: Any, role: str = "model") -> None:
+    """Raise ``ValueError`` when any module of ``model`` is in training mode.
+
+    Dropout (and anything else a module does when ``training``) makes the logits random: the
+    output law would not be the model's, and cached and uncached logits would differ. The check
+    is made on every use, never remembered (``.eval()`` fixes it at once).
+    """
+    if not any(m.training for m in model.modules()):
+        return
+    drop = [n or "(root)" for n, m in model.named_modules()
+            if m.training and isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
+    what = (f"{len(drop)} dropout module(s) active, e.g. {drop[0]}" if drop
+            else "no dropout module, but training-time behaviour may still apply")
+    raise ValueError(
+        f"the {role} ({type(model).__name__}) is in training mode ({what}): its logits would be "
+        f"random, so the output law would not be the model's; call {role}.eval() before "
+        "generating (models from from_pretrained are in eval mode; models built from a config "
+        "are not)"
+    )
+
+
 class CachedModel:
     """A transformers causal LM plus its position-indexed KV cache for a batch of rows.
 
@@ -154,6 +279,7 @@ class CachedModel:
         self.window = getattr(cfg, "sliding_window", None) if getattr(
             cfg, "use_sliding_window", True) else None
         self.model = model
+        self.max_pos = max_positions(model)  # learned positions: padded columns are clamped to it
         self.float_mask = impl == "eager"
         self.n_layers = int(cfg.num_hidden_layers)
         self._has_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -220,7 +346,11 @@ class CachedModel:
         s.kv_len = top
         offs = torch.arange(W, device=dev)
         start_t = torch.as_tensor(start, device=dev)
-        pos = start_t[:, None] + offs[None, :]  # [R, W]
+        pos = start_t[:, None] + offs[None, :]  # [R, W] slots (and positions) of the tokens
+        # With learned positions, the padded columns of a ragged block (whose outputs are never
+        # used and whose slots are overwritten before any kept token reads them) may lie past the
+        # table: clamp their position ids. Kept tokens never reach it (generate checks lengths).
+        pos_ids = pos if self.max_pos is None else pos.clamp(max=self.max_pos - 1)
         mask = None
         if bool((start == start[0]).all()):
             s.uniform, s.index = int(start[0]), None
@@ -237,7 +367,7 @@ class CachedModel:
         kw: dict[str, Any] = {}
         if last_only and self._has_logits_to_keep:
             kw["logits_to_keep"] = 1
-        out = self.model(input_ids=tokens.to(dev), attention_mask=mask, position_ids=pos,
+        out = self.model(input_ids=tokens.to(dev), attention_mask=mask, position_ids=pos_ids,
                          past_key_values=self.cache, use_cache=True, **kw)
         logits = out.logits
         if last_only and not self._has_logits_to_keep:
@@ -246,17 +376,21 @@ class CachedModel:
 
 
 @torch.inference_mode()
-def check_model(model: Any) -> None:
+def check_model(model: Any, role: str = "model") -> None:
     """Raise ``ValueError`` unless cached, ragged, position-indexed logits equal a full forward.
 
-    Runs once per model object and class (a few tiny forwards; the verdict is stored on the
-    model): two rows with different prompt lengths are decoded through :class:`CachedModel` and
-    compared with the model's own uncached logits.
+    A model in training mode is refused first (:func:`check_eval_mode`; never remembered). The
+    comparison runs once per model object and setting (a few tiny forwards; the verdict is stored
+    on the model, keyed by its class, dtype, device and attention implementation): two rows with
+    different prompt lengths are decoded through :class:`CachedModel` and compared with the
+    model's own uncached logits.
     """
-    key = (type(model), next(model.parameters()).dtype)
+    check_eval_mode(model, role)
+    p = next(model.parameters())
+    key = (type(model), p.dtype, p.device, getattr(model.config, "_attn_implementation", None))
     seen = model.__dict__.get("_speculate_check")
     if seen is None or seen[0] != key:
-        seen = (key, _probe(model))
+        seen = (key, _probe(model))  # raises (and stores nothing) if the logits are not finite
         model.__dict__["_speculate_check"] = seen
     if seen[1] is not None:
         raise ValueError(seen[1])
@@ -264,6 +398,9 @@ def check_model(model: Any) -> None:
 
 def _probe(model: Any) -> str | None:
     name = type(model).__name__
+    n_pos = max_positions(model)
+    if n_pos is not None and n_pos < 8:
+        return f"{name} has only {n_pos} positions; speculate's text domain needs at least 8"
     V = model_vocab_size(model)
     dev = _model_device(model)
     g = torch.Generator().manual_seed(0)
@@ -287,6 +424,10 @@ def _probe(model: Any) -> str | None:
         want.append(want[0])
     except Exception as e:  # an architecture that rejects position_ids or 4-D masks
         return f"{name} cannot run with speculate's position-indexed KV cache: {e!r}"
+    if not all(bool(torch.isfinite(w).all()) for w in want):
+        raise ValueError(
+            f"{name} gives logits that are not finite (NaN or inf) on a plain forward pass: its "
+            "weights hold NaN or its activations overflow (float16?); fix the model first")
     dtype = next(model.parameters()).dtype
     tol = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
     for r in range(3):

@@ -88,6 +88,20 @@ class Draft(Protocol):
     def advance(self, state: Any, n_used: np.ndarray, n_accepted: np.ndarray) -> None: ...
 
 
+def _check_logits(logits: torch.Tensor, rows: np.ndarray) -> None:
+    """Raise ``ValueError`` when a row's target logits hold NaN or +inf (softmax would give NaN, and
+    argmax would pick a NaN): never sample from, or pass on, a broken distribution."""
+    top = logits.amax(dim=-1)  # [R, k+1]: NaN and +inf propagate; all -inf means no token at all
+    ok = torch.isfinite(top)
+    if bool(ok.all()):
+        return
+    bad = (~ok).any(dim=1).nonzero()[:, 0].cpu().numpy()
+    raise ValueError(
+        f"the target's logits are not finite (NaN, +inf or all -inf) for rows {rows[bad][:8].tolist()}: "
+        "its weights or activations overflowed or hold NaN (float16 overflow? a diverged "
+        "checkpoint?). Check the model with a plain forward pass; try float32 or bfloat16")
+
+
 class _Round:
     """One round's state (the proposal's context): the draft's, then what ``score`` fed the target."""
 
@@ -185,6 +199,7 @@ class TextProcess:
         idx = torch.as_tensor(P[:, None] - 1 + np.arange(k + 1)[None, :],
                               device=logits.device)  # [R, k+1]
         sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, k+1, V]
+        _check_logits(sel, self.live)
         p = probabilities(sel, self.cfg).cpu().numpy()  # [R, k+1, V] float32
         ctx = proposal.context
         ctx.pending, ctx.fed = P, lengths

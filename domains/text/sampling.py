@@ -9,6 +9,8 @@ one), computed in float32 whatever the model's dtype, with a stable sort so that
 not depend on the batch a row is in.
 
 ``temperature=0`` means greedy decoding: the distribution is a point mass on the first argmax.
+Below temperature 1 the logits are shifted by their maximum before the division (the same law),
+so that a tiny temperature tends to the argmax instead of overflowing to inf (NaN after softmax).
 
 >>> import torch
 >>> from speculate.domains.text.sampling import SamplingConfig, probabilities
@@ -24,9 +26,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = ["SamplingConfig", "probabilities", "transform_logits"]
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
@@ -47,16 +54,21 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if not _is_real(t) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
         k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        if k is not None and (isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer))
+                              or k < 1):
             raise ValueError(f"top_k must be a positive integer or None, got {k!r}")
         p = self.top_p
-        if p is not None and (
-            isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0)
-        ):
+        if p is not None and (not _is_real(p) or not (0.0 < p <= 1.0)):
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        # numpy scalars are accepted and stored as Python numbers
+        object.__setattr__(self, "temperature", float(t) if not isinstance(t, int) else t)
+        if k is not None:
+            object.__setattr__(self, "top_k", int(k))
+        if p is not None:
+            object.__setattr__(self, "top_p", float(p) if not isinstance(p, int) else p)
 
     @property
     def greedy(self) -> bool:
@@ -73,8 +85,13 @@ def transform_logits(logits: torch.Tensor, cfg: SamplingConfig,
     if cfg.greedy:
         raise ValueError("transform_logits is for temperature > 0; greedy uses argmax")
     x = logits.to(dtype)  # [..., V]
-    if cfg.temperature != 1.0:
+    if cfg.temperature > 1.0:
         x = x / cfg.temperature
+    elif cfg.temperature < 1.0:
+        # (x - max) / T: the same law, but a tiny T cannot overflow to inf (NaN after softmax);
+        # the maximum stays 0 even when T underflows in ``dtype``
+        z = x - x.amax(dim=-1, keepdim=True)
+        x = torch.where(z == 0, z, z / cfg.temperature)
     V = x.shape[-1]
     if cfg.top_k is not None and cfg.top_k < V:
         kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]  # [..., 1]

@@ -214,3 +214,15 @@ def test_stats_are_consistent(target, make_llama):
     assert s.emitted == 80 and out.tokens_per_second > 0
     pad = out.padded(pad_token_id=11, side="left")
     assert pad.shape == (2, 43) and pad[1, 0] == 11 and pad[1, 1:].tolist() == out.sequences[1]
+
+
+def test_new_tokens_is_computed_once(target):
+    """Regression: new_tokens rebuilt every row on each access, so [out.new_tokens[i] for i in
+    range(B)] was O(B^2) (57 s at B = 7,816). It is computed on first access and kept."""
+    out = SpeculativeGenerator(target, "ngram").generate([[1, 2, 3], [4, 5]] * 50, max_new_tokens=3,
+                                                         eos_token_id=[], rng=0)
+    first = out.new_tokens
+    assert all(out.new_tokens is first for _ in range(3))  # the same list, not a rebuilt one
+    assert [out.new_tokens[i] for i in range(100)] == [s[n:] for s, n in zip(out.sequences, out.prompt_lengths,
+                                                                                strict=True)]
+    assert out.tokens_per_second > 0 and out.new_tokens is first

@@ -45,3 +45,16 @@ def test_draft_on_another_device(make_llama, target_dev, draft_dev):
     gen = SpeculativeGenerator(target, draft, lookahead=3)
     out = gen.generate([1, 5, 7], max_new_tokens=20, temperature=0, eos_token_id=[])
     assert out.new_tokens[0] == _hf_greedy(target, [1, 5, 7], 20)
+
+
+def test_a_batch_too_large_for_the_gpu_fails_before_allocating(make_llama):
+    """The caches' bytes are compared with torch.cuda.mem_get_info (plus PyTorch's unused reserved
+    memory) before anything is allocated."""
+    from speculate.domains.text import CacheMemoryError
+
+    target = make_llama().cuda()
+    gen = SpeculativeGenerator(target, "ngram")
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(CacheMemoryError, match=r"on cuda:0 .*mem_get_info"):
+        gen.generate([[1, 2, 3]] * 64, max_new_tokens=10**9)
+    assert torch.cuda.memory_allocated() == before

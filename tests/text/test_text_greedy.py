@@ -82,3 +82,43 @@ def test_right_padding_equals_left_padding(make_llama):
     right = gen.generate(ids, attention_mask=mask, max_new_tokens=12, temperature=0,
                          eos_token_id=[])
     assert right.sequences == left.sequences
+
+
+@pytest.mark.parametrize("draft", ["model", "early-exit:1", "ngram"])
+def test_greedy_drafts_are_argmaxes_not_samples(make_llama, draft):
+    """Temperature 0 (verify="greedy") keeps drafts while they equal the target's argmax. A draft
+    that sampled from its distribution would still give the target's tokens but accept less; here
+    every drafted token of the model drafts is the draft model's argmax given the row's tokens
+    (full forward passes in float64), no draft probabilities are passed on (q is None), and the
+    drafts do not depend on the seed. The n-gram draft is a deterministic lookup (point masses)."""
+    target = make_llama(layers=2, dtype=torch.float64, init_std=0.3)
+    d = make_llama(layers=1, hidden=16, heads=2, kv_heads=1, rng=3, dtype=torch.float64, init_std=0.3) \
+        if draft == "model" else draft
+    gen = SpeculativeGenerator(target, d, lookahead=4, verify="block")
+    seen = []
+    propose = gen.draft.propose
+
+    def spy(rows, tokens, k, need, cfg, rng, vocab):
+        got = propose(rows, tokens, k, need, cfg, rng, vocab)
+        assert got.q is None
+        seen.append([(tokens.ids[r, : tokens.n[r]].tolist(), got.outcomes[i, : got.lengths[i]].tolist())
+                     for i, r in enumerate(rows)])
+        return got
+
+    gen.draft.propose = spy
+    ids, mask = _batch(PROMPTS)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=16, temperature=0, eos_token_id=[], rng=0)
+    first = seen
+    seen = []
+    again = gen.generate(ids, attention_mask=mask, max_new_tokens=16, temperature=0, eos_token_id=[], rng=1)
+    assert again.sequences == out.sequences and seen == first  # no randomness anywhere
+    assert sum(len(dr) for rnd in first for _, dr in rnd) == out.stats.proposed > 0
+    if draft == "ngram":
+        return
+    model = gen.draft.model
+    with torch.inference_mode():
+        for rnd in first:
+            for prefix, drafted in rnd:
+                for i, tok in enumerate(drafted):
+                    logits = model(input_ids=torch.tensor([prefix + drafted[:i]])).logits[0, -1]
+                    assert tok == int(logits.argmax()), (prefix, drafted, i)
