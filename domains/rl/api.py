@@ -30,8 +30,8 @@ from speculate.stats import Stats
 from speculate.verify import RULES
 
 from .drafts import PolicyDraft
-from .policies import batch_observations, policy_calls, prepare
-from .process import RolloutProcess, Row, own, step_env
+from .policies import batch_observations, note, policy_calls, prepare
+from .process import RolloutProcess, Row, env_action, env_name, own, step_env
 from .seeding import rollout_seeds
 from .snapshots import SnapshotError, snapshotter
 
@@ -149,10 +149,44 @@ def _per_env(policy: Any, N: int, what: str) -> list:
     raise TypeError(f"{what} must be callable (observations -> action distributions), got {type(policy).__name__}")
 
 
+_MAX_STEPS = 2**62  # far beyond any episode; keeps the round loop's int64 budget exact
+
+
 def _check_steps(max_steps: int) -> int:
     if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 0:
         raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
+    if max_steps > _MAX_STEPS:
+        raise ValueError(f"max_steps must be at most 2**62, got {max_steps}")
     return int(max_steps)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_round_args(lookahead: Any, verify: Any, max_lookahead: Any, cost_ratio: Any) -> None:
+    """The round loop's arguments, checked before any environment is made or reset."""
+    if isinstance(lookahead, str):
+        if lookahead != "auto":
+            raise ValueError(f"lookahead must be a non-negative int or 'auto', got {lookahead!r}")
+    elif not _is_int(lookahead):
+        raise TypeError(f"lookahead must be a non-negative int or 'auto', got {type(lookahead).__name__} {lookahead!r}")
+    elif lookahead < 0:
+        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    if not _is_int(max_lookahead):
+        raise TypeError(f"max_lookahead must be an int >= 1, got {type(max_lookahead).__name__} {max_lookahead!r}")
+    if max_lookahead < 1:
+        raise ValueError(f"max_lookahead must be >= 1, got {max_lookahead}")
+    if not isinstance(verify, str):
+        raise TypeError(f"verify must be 'auto' or one of {RULES}, got {type(verify).__name__} {verify!r}")
+    if verify != "auto" and verify not in RULES:
+        raise ValueError(f"verify must be 'auto' or one of {RULES}, got {verify!r}")
+    if cost_ratio is not None:
+        real = isinstance(cost_ratio, (int, float, np.integer, np.floating))
+        if isinstance(cost_ratio, (bool, np.bool_)) or not real:
+            raise TypeError(f"cost_ratio must be a number >= 0 or None, got {type(cost_ratio).__name__}")
+        if not 0.0 <= float(cost_ratio) < float("inf"):
+            raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
 
 
 def _truncate(rows: list[Row], max_steps: int) -> None:
@@ -161,6 +195,23 @@ def _truncate(rows: list[Row], max_steps: int) -> None:
     for r in rows:
         if not r.done and len(r.actions) >= max_steps:
             r.truncated = r.done = True
+
+
+def _reset(envs: list, seeds: list) -> list:
+    """The first observation of each environment, reset with its seed; a failing reset is named."""
+    first = []
+    for i, (e, s) in enumerate(zip(envs, seeds, strict=True)):
+        try:
+            first.append(e.reset(seed=s)[0])
+        except BaseException as err:
+            note(err, f"speculate.domains.rl: raised by env.reset of environment {i} ({env_name(e)})")
+            raise
+    return first
+
+
+def _where(i: int, env: Any, t: int) -> Callable[[], str]:
+    """The note of a failing env.step in a plain rollout (built only on failure)."""
+    return lambda: f"environment {i} ({env_name(env)}) at step {t + 1} of its episode"
 
 
 def _episode(space: Any, act_space: Any, row: Row, stats: Stats | None) -> Episode:
@@ -208,11 +259,20 @@ def speculative_rollouts(
     same seeds as :func:`rollouts`; see :mod:`speculate.domains.rl.seeding`).
     ``policy``/``draft``: see :mod:`speculate.domains.rl.policies`; one callable, or a list of one per env.
     ``verify``: ``"auto"`` (block for Discrete actions, token for Box), ``"block"`` (Sun et al.,
-    Discrete only), ``"token"`` (Leviathan et al.), ``"greedy"`` (the policy's argmax action).
-    ``lookahead``: drafted steps per round, or ``"auto"`` (k chosen each round from the running alpha
-    and the cost ratio: measured, or ``cost_ratio`` when given, which makes a seeded run
-    bit-reproducible; see speculate.rounds). Raises :class:`SnapshotError` for an env that cannot be
-    snapshotted exactly.
+    Discrete only), ``"token"`` (Leviathan et al.), ``"greedy"`` (Discrete only: the episodes are
+    those of the policy's argmax action, and the draft proposes its own argmax, first maximum).
+    ``lookahead``: drafted steps per round (0 to any int; ``max_lookahead`` caps only ``"auto"``), or
+    ``"auto"``: k chosen each round from the running alpha and the cost ratio c (draft step / policy
+    call). Reproducibility rule: with ``lookahead="auto"`` and ``cost_ratio=None`` c is measured, so k
+    depends on the machine's timings and the same seed may give different episodes (each one still
+    exactly distributed); pass ``cost_ratio=`` (a number >= 0) to make a seeded run bit-reproducible.
+    A fixed int ``lookahead`` is always reproducible.
+    Raises :class:`SnapshotError` for an env that cannot be snapshotted exactly, ValueError /
+    TypeError for bad arguments (before any environment is reset) and for bad policy output (naming
+    the policy). An exception raised inside the run (by an env, a policy, a snapshot, or
+    KeyboardInterrupt) propagates unchanged with notes naming the round and the environment or
+    policy; before it leaves, every environment is put back to its last committed state and the
+    round's snapshots are released, so the environments can be used again at once.
 
     >>> import gymnasium as gym, numpy as np
     >>> from speculate.domains.rl import TabularPolicy, speculative_rollouts
@@ -224,6 +284,8 @@ def speculative_rollouts(
     import gymnasium as gym
 
     max_steps = _check_steps(max_steps)
+    _check_round_args(lookahead, verify, max_lookahead, cost_ratio)
+    rollout_seeds(rng, 0)  # checks rng (draws nothing)
     env_list, owned = _as_envs(envs)
     try:
         _check_spaces(env_list)
@@ -234,19 +296,24 @@ def speculative_rollouts(
         discrete = isinstance(act_space, gym.spaces.Discrete)
         if verify == "auto":
             verify = "block" if discrete else "token"
-        if verify not in RULES:
-            raise ValueError(f"verify must be 'auto' or one of {RULES}, got {verify!r}")
         if not discrete and verify != "token":
             raise ValueError(
                 f"verify={verify!r} needs Discrete actions; Box actions (Normal policies) are "
                 "verified token-wise by reflection coupling: use verify='token' or 'auto'"
             )
-        env_seeds, gen = rollout_seeds(rng, N)
         snaps = [snapshotter(e) for e in env_list]  # raises SnapshotError before anything runs
-        first = [e.reset(seed=s)[0] for e, s in zip(env_list, env_seeds, strict=True)]
-        proc = RolloutProcess(env_list, snaps, first, policies, PolicyDraft(drafts, space, act_space))
-        res = run(proc, N, max_steps, lookahead=lookahead, verify=verify, rng=gen, max_lookahead=max_lookahead,
-                  cost_ratio=cost_ratio, keep_samples=False)
+        env_seeds, gen = rollout_seeds(rng, N)
+        first = _reset(env_list, env_seeds)
+        draft_policy = PolicyDraft(drafts, space, act_space, greedy=verify == "greedy")
+        proc = RolloutProcess(env_list, snaps, first, policies, draft_policy)
+        try:
+            res = run(proc, N, max_steps, lookahead=lookahead, verify=verify, rng=gen, max_lookahead=max_lookahead,
+                      cost_ratio=cost_ratio, keep_samples=False)
+        except BaseException as err:  # KeyboardInterrupt too: leave the environments usable, then re-raise
+            problems = proc.abort()
+            note(err, "speculate.domains.rl: the environments were put back to their last committed state "
+                      "and the round's snapshots released" + (f" ({'; '.join(problems)})" if problems else ""))
+            raise
         if max_steps > 0:  # max_steps=0 leaves the episode neither terminated nor truncated (as it always has)
             _truncate(proc.rows, max_steps)
         return Rollouts([_episode(space, act_space, r, res.stats) for r in proc.rows], res.stats)
@@ -269,6 +336,11 @@ def speculative_rollout(
     cost_ratio: float | None = None,
 ) -> Episode:
     """One speculative episode of ``env``; see :func:`speculative_rollouts` for the arguments.
+
+    Reproducibility rule: ``lookahead="auto"`` chooses k from measured timings unless ``cost_ratio=``
+    is given, so only a fixed int ``lookahead``, or ``"auto"`` with ``cost_ratio``, makes a seeded
+    episode reproducible (the law is exact either way). ``verify="greedy"`` gives the policy's argmax
+    episode.
 
     >>> import gymnasium as gym, numpy as np
     >>> from speculate.domains.rl import TabularPolicy, speculative_rollout
@@ -309,9 +381,8 @@ def rollouts(
     >>> len(out[0]) <= 3
     True
     """
-    import gymnasium as gym
-
     max_steps = _check_steps(max_steps)
+    rollout_seeds(rng, 0)  # checks rng (draws nothing)
     env_list, owned = _as_envs(envs)
     try:
         _check_spaces(env_list)
@@ -319,18 +390,20 @@ def rollouts(
         policies = _per_env(policy, N, "policy")
         env_seeds, gen = rollout_seeds(rng, N)
         space, act_space = env_list[0].observation_space, env_list[0].action_space
-        discrete = isinstance(act_space, gym.spaces.Discrete)
-        rows = [Row(e, None, own(e.reset(seed=s)[0])) for e, s in zip(env_list, env_seeds, strict=True)]
-        for _ in range(max_steps):
+        rows = [Row(e, None, own(o)) for e, o in zip(env_list, _reset(env_list, env_seeds), strict=True)]
+        for t in range(max_steps):
             live = [i for i in range(N) if not rows[i].done]
             if not live:
                 break
             calls = policy_calls(policies, live, [rows[i].observations[-1] for i in live], space, act_space)
             for idx, d in calls:  # one policy at a time, its rows in order
                 for p, a in zip(idx, d.sample(gen), strict=True):
-                    a = int(a) if discrete else np.asarray(a, dtype=act_space.dtype)
+                    try:
+                        a = env_action(act_space, a)
+                    except ValueError as err:
+                        raise ValueError(f"policy {policies[live[p]].name} of environment {live[p]}: {err}") from None
                     row = rows[live[p]]
-                    row.append(a, step_env(row.env, a))
+                    row.append(a, step_env(row.env, a, _where(live[p], row.env, t)))
         _truncate(rows, max_steps)
         return Rollouts([_episode(space, act_space, r, None) for r in rows], None)
     finally:

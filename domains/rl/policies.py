@@ -44,6 +44,7 @@ __all__ = [
     "action_arrays",
     "action_distributions",
     "batch_observations",
+    "note",
     "policy_calls",
     "policy_name",
     "prepare",
@@ -125,7 +126,8 @@ def _to_torch(obs: Any, device: Any) -> Any:
 
 def _numpy(x: Any) -> np.ndarray:
     if type(x).__module__.startswith("torch"):
-        return x.detach().to("cpu").double().numpy()
+        t = x.detach().to("cpu")
+        return t.numpy() if t.is_complex() else t.double().numpy()  # complex: refused by the caller
     return np.asarray(x)
 
 
@@ -180,14 +182,34 @@ def action_distributions(policy: Callable, observations: Any, action_space: Any,
     )
 
 
+def _rows_text(rows: Sequence[int]) -> str:
+    ids = [int(r) for r in dict.fromkeys(rows)]  # distinct, in order
+    text = ", ".join(map(str, ids[:8]))
+    return text + (f", ... ({len(ids)} environments)" if len(ids) > 8 else "")
+
+
+def note(err: BaseException, text: str) -> None:
+    """Attach ``text`` to ``err`` as a PEP 678 note (shown under the traceback; Python >= 3.11)."""
+    add = getattr(err, "add_note", None)
+    if add is not None:
+        add(text)
+
+
 def policy_calls(
-    policies: Sequence[Callable], rows: Sequence[int], observations: Sequence[Any], obs_space: Any, action_space: Any
+    policies: Sequence[Callable],
+    rows: Sequence[int],
+    observations: Sequence[Any],
+    obs_space: Any,
+    action_space: Any,
+    role: str = "policy",
 ) -> list[tuple[list[int], Any]]:
     """Observation ``i`` scored by ``policies[rows[i]]``, with ONE call per distinct policy object.
 
     Returns ``(positions, distribution)`` per policy, in order of first appearance: the positions
     ``i`` of its observations and their batched action distribution (a Categorical ``[n, A]`` or a
-    Normal ``(n,) x shape``).
+    Normal ``(n,) x shape``). An exception raised by a policy (or by the check of its output) gets a
+    note naming ``role`` (``"policy"`` or ``"draft policy"``), the policy and the environments
+    (``rows``) whose observations it was scoring.
 
     >>> import gymnasium as gym
     >>> a, b = TabularPolicy(np.full((16, 4), 0.25)), TabularPolicy(np.eye(4)[np.zeros(16, int)])
@@ -201,17 +223,28 @@ def policy_calls(
         groups.setdefault(id(policies[r]), []).append(i)
     out = []
     for idx in groups.values():
-        batch = batch_observations(obs_space, [observations[i] for i in idx])
-        out.append((idx, action_distributions(policies[rows[idx[0]]], batch, action_space, len(idx))))
+        policy = policies[rows[idx[0]]]
+        try:
+            batch = batch_observations(obs_space, [observations[i] for i in idx])
+            out.append((idx, action_distributions(policy, batch, action_space, len(idx))))
+        except BaseException as err:  # KeyboardInterrupt too: say which policy and environments
+            note(err, f"speculate.domains.rl: raised by the {role} {policy_name(getattr(policy, 'policy', policy))} "
+                      f"scoring {len(idx)} observations of environments {_rows_text([rows[i] for i in idx])}")
+            raise
     return out
 
 
 def action_arrays(
-    policies: Sequence[Callable], rows: Sequence[int], observations: Sequence[Any], obs_space: Any, action_space: Any
+    policies: Sequence[Callable],
+    rows: Sequence[int],
+    observations: Sequence[Any],
+    obs_space: Any,
+    action_space: Any,
+    role: str = "policy",
 ) -> Any:
     """:func:`policy_calls` gathered in the order of the observations: probabilities ``[M, A]``
     (Discrete actions) or ``(loc, scale)`` ``[M, *shape]`` (Box actions)."""
-    calls = policy_calls(policies, rows, observations, obs_space, action_space)
+    calls = policy_calls(policies, rows, observations, obs_space, action_space, role)
     discrete = isinstance(calls[0][1], Categorical)
     if len(calls) == 1:
         d = calls[0][1]
@@ -231,7 +264,9 @@ def action_arrays(
 
 
 def _is_list_of_dists(out: Any) -> bool:
-    return isinstance(out, list) and bool(out) and not isinstance(out[0], (int, float, np.number))
+    """A list of distribution objects (a list of numbers or of rows of numbers is an array)."""
+    numbers = (int, float, np.number, list, tuple, np.ndarray)
+    return isinstance(out, list) and bool(out) and not isinstance(out[0], numbers)
 
 
 def _unbatched(out: list, n: int, kind: type, name: str, space: str) -> list:
@@ -248,6 +283,26 @@ def _unbatched(out: list, n: int, kind: type, name: str, space: str) -> list:
     return dists
 
 
+def _real_array(x: Any, name: str, what: str) -> np.ndarray:
+    """``x`` (array, tensor, nested list) as a real numpy array; a TypeError naming the policy otherwise."""
+    try:
+        a = _numpy(x)
+    except (TypeError, ValueError, RuntimeError) as err:  # ragged lists, odd tensors
+        raise TypeError(f"policy {name} returned {what} that is not an array of numbers ({err})") from None
+    if a.dtype.kind not in "biuf":
+        raise TypeError(f"policy {name} returned {what} of dtype {a.dtype}; expected real numbers (float or int)")
+    return a
+
+
+def _checked_probs(probs: Any, name: str) -> Categorical:
+    """A policy's probabilities validated (finite, >= 0, rows summing to 1 within the dtype's tolerance,
+    then renormalised): a Categorical built with ``validate=False`` is checked here, never trusted."""
+    try:
+        return Categorical(probs=probs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"policy {name} returned invalid action probabilities: {err}") from None
+
+
 def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
     mod = type(out).__module__ or ""
     finite = False  # probabilities already checked to be finite
@@ -258,7 +313,10 @@ def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
         )
     if _is_list_of_dists(out):
         dists = _unbatched(out, n, Categorical, name, "Discrete")
-        out = Categorical(probs=np.stack([d.probs for d in dists]), validate=False)
+        sizes = {d.num_outcomes for d in dists}
+        if len(sizes) != 1:
+            raise ValueError(f"policy {name} returned distributions over different numbers of actions {sorted(sizes)}")
+        out = _checked_probs(np.stack([d.probs for d in dists]), name)
     elif mod.startswith("torch.distributions"):
         import torch.distributions as td
 
@@ -267,27 +325,29 @@ def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
                 f"policy {name} returned a torch {type(out).__name__}; a Discrete action space needs "
                 "a Categorical"
             )
-        out = Categorical(logits=_numpy(out.logits))
+        out = _logits(_real_array(out.logits, name, "a torch Categorical with logits"), name)
     elif isinstance(out, Normal) or (mod.startswith("torch") and not hasattr(out, "shape")):
         raise TypeError(
             f"policy {name} returned {type(out).__name__}; a Discrete action space needs a Categorical "
             "(or logits [N, n_actions])"
         )
-    elif mod.startswith("torch") and getattr(out, "ndim", 0) == 2:  # logits tensor: softmax in torch
-        import torch
+    elif mod.startswith("torch") and getattr(out, "ndim", 0) == 2 and out.dtype.is_floating_point:
+        import torch  # logits tensor: softmax in torch
 
         probs = torch.softmax(out.detach().double(), dim=-1).cpu().numpy()  # [N, A]
         if not np.isfinite(probs).all():
-            raise ValueError(f"policy {name} returned logits with NaN or inf")
+            raise ValueError(f"policy {name} returned logits with NaN or +inf (or a row of -inf only)")
         out, finite = Categorical._of(probs), True
-    elif not isinstance(out, Categorical):
-        logits = _numpy(out)
-        if logits.dtype == object or logits.ndim != 2:
+    elif isinstance(out, Categorical):
+        out = _checked_probs(out.probs, name)  # validate=False objects are not trusted
+    else:
+        logits = _real_array(out, name, f"{type(out).__name__} logits")
+        if logits.ndim != 2:
             raise TypeError(
-                f"policy {name} returned {type(out).__name__} of shape {getattr(logits, 'shape', '?')}; "
+                f"policy {name} returned {type(out).__name__} of shape {logits.shape}; "
                 f"expected a Categorical or logits [{n}, {A}]"
             )
-        out = Categorical(logits=logits)
+        out = _logits(logits, name)
     if out.batch_shape != (n,):
         raise ValueError(
             f"policy {name} returned distributions of batch shape {out.batch_shape} for {n} "
@@ -300,10 +360,20 @@ def _categorical(out: Any, n: int, A: int, name: str) -> Categorical:
     return out
 
 
+def _logits(logits: np.ndarray, name: str) -> Categorical:
+    try:
+        return Categorical(logits=logits)
+    except (TypeError, ValueError) as err:  # NaN, +inf, a row of -inf only
+        raise ValueError(f"policy {name} returned invalid logits: {err}") from None
+
+
 def _normal(out: Any, n: int, shape: tuple[int, ...], name: str) -> Normal:
     mod = type(out).__module__ or ""
     if _is_list_of_dists(out):
         dists = _unbatched(out, n, Normal, name, "Box")
+        shapes = {d.loc.shape for d in dists}
+        if len(shapes) != 1:
+            raise ValueError(f"policy {name} returned Normals of different shapes {sorted(shapes)}")
         loc = np.stack([d.loc for d in dists])
         scale = np.stack([np.broadcast_to(d.scale, d.loc.shape) for d in dists])
         out = Normal(loc, scale, batch_ndims=1, validate=False)
@@ -315,13 +385,14 @@ def _normal(out: Any, n: int, shape: tuple[int, ...], name: str) -> Normal:
                 "space needs Normal (or Independent(Normal)) actions"
             )
     elif isinstance(out, tuple) and len(out) == 2:
-        loc, scale = _numpy(out[0]), _numpy(out[1])
+        loc = _real_array(out[0], name, "a mean")
+        scale = _real_array(out[1], name, "a std")
         try:
             scale = np.broadcast_to(scale, loc.shape)
         except ValueError:
             raise ValueError(f"policy {name} returned a std of shape {scale.shape} for a mean of shape "
                              f"{loc.shape}") from None
-        if loc.ndim == 0 or loc.dtype == object:
+        if loc.ndim == 0:
             raise TypeError(f"policy {name} returned a (mean, std) pair that is not two arrays [N, *shape]")
         out = Normal(loc.astype(np.float64), scale.astype(np.float64), batch_ndims=1, validate=False)
     elif isinstance(out, Categorical):
@@ -340,7 +411,19 @@ def _normal(out: Any, n: int, shape: tuple[int, ...], name: str) -> Normal:
             )
     if out.event_shape != shape:
         raise ValueError(f"policy {name} returned actions of shape {out.event_shape}; the space has {shape}")
-    loc, scale = out.loc, np.broadcast_to(out.scale, out.loc.shape)
+    loc = out.loc.astype(np.float64, copy=False)
+    scale = np.broadcast_to(out.scale, out.loc.shape).astype(np.float64, copy=False)
     if not (np.all(np.isfinite(loc)) and np.all(np.isfinite(scale)) and np.all(scale > 0)):
         raise ValueError(f"policy {name} returned a non-finite mean or a std that is not > 0")
+    coarse = scale < _MIN_ULPS * np.spacing(np.abs(loc))
+    if coarse.any():
+        i = tuple(int(j) for j in np.argwhere(coarse)[0])
+        raise ValueError(
+            f"policy {name} returned a std of {scale[i]:.3g} at a mean of {loc[i]:.6g} (index {i}): below "
+            f"{_MIN_ULPS} float64 steps of the mean, its samples would round to a handful of values and "
+            "the residual of verification could not be sampled; rescale the actions or raise the std"
+        )
     return Normal(loc, scale, batch_ndims=1, validate=False)
+
+
+_MIN_ULPS = 64  #: a Normal's std must span at least this many float64 steps at its mean

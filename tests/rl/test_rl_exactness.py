@@ -1,121 +1,102 @@
 """Exactness of speculative rollouts against the exact joint law (slippery FrozenLake).
 
-A random stochastic tabular policy P and a perturbed draft Q (alpha about 0.75) roll out slippery
-FrozenLake, whose own transitions are random (each move slips left or right with probability 2/3).
-The outcome of an episode is its first ``pairs`` (action, observation) pairs
-``(o_0, a_1, o_1, ..., a_t, o_t)`` (shorter if it falls in a hole or reaches the goal); its law is
-computed exactly from P and ``env.unwrapped.P`` and compared with a chi-square test
-(``speculate.testing``).
+Rows of one batch alternate between two configurations (two maps, two policy/draft pairs; see
+speculate.domains.rl.conformance): the policies take one or two of the four actions per state, the
+drafts propose the others (always rejected) and miss some of the policies' (only the residual
+produces them), alpha is about 0.6, and the environment is random (each move slips with
+probability 2/3). The outcome of an episode is its configuration and its first three (action,
+observation) pairs ``(c, o_0, a_1, o_1, a_2, o_2, a_3, o_3)`` (shorter when it ends), over several
+rounds; its law is computed exactly from the policies and ``env.unwrapped.P`` and compared with a
+chi-square test (``speculate.testing``).
 
-Calibration: each test has level ``speculate.testing.DEFAULT_ALPHA`` (1e-6), split evenly over its
-checks (ALPHA / m for m checks). Power: every test computes, with ``chi2_sample_size``, the
-total-variation deviation (on the merged cells) that each check detects with probability >= 99%,
-and asserts it is at most the ``TV`` stated next to it.
+The token (k=1) and block (k=2) cases run in the default suite through the shared conformance suite
+(tests/core/test_core_conformance.py); this file states their power and adds automatic lookahead
+(default) and longer lookaheads on 4x4 and 8x8 maps (slow).
+
+Calibration: each test has level ``speculate.testing.DEFAULT_ALPHA`` (1e-6) (one check per test).
+Power: every test asserts, with ``ConformanceCase.detectable_tv`` (``chi2_sample_size`` over all the
+cells of the law), the total-variation deviation it catches with probability 0.99: 0.02 in the
+default run, 0.01 under the ``slow`` marker.
 """
 
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 import pytest
-from speculate.domains.rl import TabularPolicy, speculative_rollouts
-from speculate.domains.rl.conformance import frozenlake_pair, sample_keys
-from speculate.domains.rl.trajectory_law import trajectory_key, trajectory_law
+from speculate.domains.rl.conformance import (
+    N_CASE,
+    Config,
+    conformance_cases,
+    default_configs,
+    mixed_law,
+    sample_mixed,
+    sparse_pair,
+)
+from speculate.domains.rl.trajectory_law import trajectory_law
 
 from speculate.testing import DEFAULT_ALPHA as ALPHA
-from speculate.testing import assert_categorical_matches, chi2_sample_size
-
-# A second, smaller-holed slippery map, so that rows of one batch follow different laws.
-MAP_B = ["SFFF", "FFFH", "FHFF", "FFFG"]
+from speculate.testing import ConformanceCase, check_conformance
 
 
-def _frozenlake(desc=None):
-    return lambda: gym.make("FrozenLake-v1", desc=desc, is_slippery=True)
+def _case(name: str, configs, n: int, tv: float, **kw) -> ConformanceCase:
+    law = mixed_law(configs, steps=3)
+    case = ConformanceCase(name, lambda n, seed: sample_mixed(configs, n, steps=3, rng=seed, **kw), law, n=n)
+    assert case.detectable_tv(alpha=ALPHA) <= tv, f"{name}: {n} samples cannot detect TV {tv}"
+    return case
 
 
-def detectable_tv(n: int, law: dict, alpha: float = ALPHA) -> float:
-    """The smallest TV caught with probability 0.99 at level ``alpha`` by n samples (bisection)."""
-    bins = max(2, min(sum(1 for v in law.values() if v > 0), n // 5))
-    lo, hi = 1e-4, 1.0
-    for _ in range(40):
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if chi2_sample_size(mid, bins, alpha=alpha) > n else (lo, mid)
-    return hi
+def test_conformance_cases_catch_tv_002() -> None:
+    """The shared suite's RL cases (token k=1, block k=2) catch TV 0.02 with power 0.99 at ALPHA."""
+    cases = conformance_cases()
+    assert len(cases) == 2 and all(c.n == N_CASE for c in cases)
+    for c in cases:
+        assert c.detectable_tv(alpha=ALPHA) <= 0.02, c.name
+        assert abs(sum(c.law.values()) - 1) < 1e-12
 
 
-def _check(keys: list, law: dict, n: int, tv: float, label: str, alpha: float = ALPHA) -> None:
-    assert detectable_tv(n, law, alpha) <= tv, f"{label}: {n} samples cannot detect TV {tv}"
-    assert len(keys) == n
-    assert_categorical_matches(keys, law, alpha=alpha, label=label)
-
-
-@pytest.mark.parametrize("verify", ["token", "block"])
-def test_frozenlake_two_pairs(verify: str) -> None:
-    """max_steps=3, lookahead=2: one full round (2 drafts + the verifier's step) and the next. TV 0.075."""
-    P, Q = frozenlake_pair(rng=11)
-    n = 8000
-    law = trajectory_law(_frozenlake()(), P, steps=2)
-    keys = sample_keys(_frozenlake(), TabularPolicy(P), TabularPolicy(Q), n, pairs=2, max_steps=3,
-                       lookahead=2, verify=verify, rng=1)
-    _check(keys, law, n, 0.075, f"FrozenLake {verify}")
-
-
-def test_frozenlake_many_envs_different_policies_and_maps() -> None:
-    """One batch of 600 envs: rows alternate between two maps and two (policy, draft) pairs, so each
-    row has its own law; ragged acceptance, rows ending at different times, automatic lookahead.
-    Each configuration is checked on its own rows (two checks, ALPHA / 2 each). TV 0.09 per configuration."""
-    configs = [(None, *frozenlake_pair(rng=3)), (MAP_B, *frozenlake_pair(rng=4, mix=0.7))]
-    N, n_each = 600, 5000
-    makes = [_frozenlake(configs[i % 2][0]) for i in range(N)]
-    pols = [TabularPolicy(configs[i % 2][1]) for i in range(2)]
-    drafts = [TabularPolicy(configs[i % 2][2]) for i in range(2)]
-    envs = [m() for m in makes]
-    keys: list[list] = [[], []]
-    call = 0
-    while len(keys[0]) < n_each or len(keys[1]) < n_each:
-        out = speculative_rollouts(envs, [pols[i % 2] for i in range(N)], [drafts[i % 2] for i in range(N)],
-                                   max_steps=3, lookahead="auto", verify="block", rng=100 + call)
-        for i, t in enumerate(out):
-            keys[i % 2].append(trajectory_key(t, 2))
-        call += 1
-    for c in range(2):
-        law = trajectory_law(makes[c](), configs[c][1], steps=2)
-        _check(keys[c][:n_each], law, n_each, 0.09, f"config {c}", alpha=ALPHA / 2)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("verify", ["token", "block"])
-def test_frozenlake_three_pairs_slow(verify: str) -> None:
-    """max_steps=4, lookahead=3: the first round drafts 3 steps, so block verification's decision
-    depends on drafted states beyond the kept prefix. Law of 3 pairs (1078 outcomes). TV 0.045."""
-    P, Q = frozenlake_pair(rng=11)
-    n = 60_000
-    law = trajectory_law(_frozenlake()(), P, steps=3)
-    keys = sample_keys(_frozenlake(), TabularPolicy(P), TabularPolicy(Q), n, pairs=3, max_steps=4,
-                       lookahead=3, verify=verify, rng=2)
-    _check(keys, law, n, 0.045, f"FrozenLake 3 pairs {verify}")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("verify", ["token", "block"])
-def test_frozenlake_8x8_long_lookahead_slow(verify: str) -> None:
-    """8x8 map, lookahead 5 (the first round drafts 5 steps), law of 3 pairs. TV 0.055."""
-    P, Q = frozenlake_pair(rng=5, n_states=64, mix=0.4)
-    n = 40_000
-    make = lambda: gym.make("FrozenLake8x8-v1", is_slippery=True)  # noqa: E731
-    law = trajectory_law(make(), P, steps=3)
-    keys = sample_keys(make, TabularPolicy(P), TabularPolicy(Q), n, pairs=3, max_steps=6,
-                       lookahead=5, verify=verify, rng=3)
-    _check(keys, law, n, 0.055, f"FrozenLake8x8 {verify}")
-
-
-def test_law_is_a_distribution_and_differs_between_configs() -> None:
-    """Sanity of the reference: each law sums to 1, and the two configurations differ (TV > 0.1),
-    so mixing up rows between them would be caught by the test above."""
-    la = trajectory_law(_frozenlake()(), frozenlake_pair(rng=3)[0], steps=2)
-    lb = trajectory_law(_frozenlake(MAP_B)(), frozenlake_pair(rng=4, mix=0.7)[0], steps=2)
-    assert abs(sum(la.values()) - 1) < 1e-12 and abs(sum(lb.values()) - 1) < 1e-12
+def test_inputs_matter() -> None:
+    """The configurations exercise what can go wrong: their laws differ (TV > 0.1, so mixing up rows
+    would be caught), drafts are rejected often, propose actions the policy never takes and miss
+    actions it takes, and some episodes end within the three steps (inside a drafted block)."""
+    a, b = default_configs()
+    la = trajectory_law(a.make(), a.P, steps=3)
+    lb = trajectory_law(b.make(), b.P, steps=3)
     tv = 0.5 * sum(abs(la.get(k, 0) - lb.get(k, 0)) for k in set(la) | set(lb))
     assert tv > 0.1
-    alpha = np.minimum(*frozenlake_pair(rng=11)).sum(axis=1).mean()
-    assert 0.6 < alpha < 0.9  # drafts are rejected often enough to exercise the residual path
+    for cfg, law in ((a, la), (b, lb)):
+        alpha = np.minimum(cfg.P, cfg.Q).sum(axis=1).mean()
+        assert 0.5 < alpha < 0.7
+        assert ((cfg.Q > 0) & (cfg.P == 0)).any() and ((cfg.P > 0) & (cfg.Q == 0)).any()
+        ended = sum(p for k, p in law.items() if len(k) < 7)  # fell in a hole before step 3
+        assert 0.02 < ended < 0.5
+
+
+def test_auto_lookahead_two_configurations_in_one_batch() -> None:
+    """Block verification with lookahead="auto" (cost_ratio fixed, so seeded runs are reproducible):
+    the first round drafts 3 steps (max_steps=4), later rounds a k chosen from the acceptance of all
+    rows so far, ragged rows ending at different times. TV 0.02."""
+    case = _case("auto lookahead", default_configs(), N_CASE, 0.02, max_steps=4, lookahead="auto",
+                 cost_ratio=0.05, verify="block")
+    check_conformance(case, seed=11, alpha=ALPHA)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_lookahead_3_slow(verify: str) -> None:
+    """lookahead 3, max_steps 4: the first round drafts 3 steps, so block verification's decision
+    depends on drafted states beyond the kept prefix. TV 0.01."""
+    case = _case(f"k=3 {verify}", default_configs(), 400_000, 0.01, max_steps=4, lookahead=3, verify=verify)
+    check_conformance(case, seed=12, alpha=ALPHA)
+
+
+# the standard 8x8 map with holes added next to the start (episodes end within three steps)
+MAP_B8 = ["SFHFFFFF", "FFFFFFFF", "HFFHFFFF", "FFFFFHFF", "FFFHFFFF", "FHHFFFHF", "FHFFHFHF", "FFFHFFFG"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_8x8_long_lookahead_slow(verify: str) -> None:
+    """Two 8x8 maps and policy pairs in one batch, lookahead 5 (the first round drafts 5 steps). TV 0.01."""
+    configs = [Config(None, *sparse_pair(6, n_states=64), name="8x8"), Config(MAP_B8, *sparse_pair(9, n_states=64))]
+    case = _case(f"8x8 k=5 {verify}", configs, 400_000, 0.01, max_steps=6, lookahead=5, verify=verify)
+    check_conformance(case, seed=13, alpha=ALPHA)

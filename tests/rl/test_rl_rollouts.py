@@ -153,7 +153,8 @@ def test_stats_and_ragged_rows() -> None:
     P = rng.dirichlet(np.ones(4), size=16)
     Q = 0.6 * P + 0.4 * rng.dirichlet(np.ones(4), size=16)
     out = speculative_rollouts([gym.make("FrozenLake-v1", is_slippery=True) for _ in range(30)],
-                               TabularPolicy(P), TabularPolicy(Q), max_steps=50, lookahead="auto", rng=4)
+                               TabularPolicy(P), TabularPolicy(Q), max_steps=50, lookahead="auto", cost_ratio=0.05,
+                               rng=4)
     assert len({len(t) for t in out}) > 3
     for t in out:
         assert len(t.rewards) == len(t.actions) == len(t.infos) == len(t.observations) - 1
@@ -187,3 +188,25 @@ def test_env_that_reuses_its_observation_buffer() -> None:
         spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=4, verify=verify, rng=0)
         _same(spec, rollouts(envs, target, max_steps=30, rng=0))
         assert len({float(x) for x in spec[0].observations[:, 0]}) > 10  # not all one aliased value
+
+
+def test_every_function_taking_lookahead_states_the_reproducibility_rule() -> None:
+    """Every public RL function that takes ``lookahead`` (so ``"auto"``) also takes ``cost_ratio``
+    and says in its docstring that only a fixed ``cost_ratio`` makes "auto" seeded runs reproducible."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import speculate.domains.rl as rl
+
+    found = set()
+    for info in pkgutil.walk_packages(rl.__path__, "speculate.domains.rl."):
+        mod = importlib.import_module(info.name)
+        for name in getattr(mod, "__all__", []):
+            fn = getattr(mod, name)
+            if inspect.isfunction(fn) and "lookahead" in inspect.signature(fn).parameters:
+                found.add(name)
+                assert "cost_ratio" in inspect.signature(fn).parameters, f"{info.name}.{name} has no cost_ratio"
+                doc = inspect.getdoc(fn)
+                assert "cost_ratio" in doc and "reproducib" in doc, f"{info.name}.{name} does not state the rule"
+    assert {"speculative_rollouts", "speculative_rollout", "sample_keys", "sample_mixed"} <= found
