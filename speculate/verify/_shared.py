@@ -8,16 +8,17 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .._inverse_cdf import EMPTY, NOT_FINITE, OK
+from .._inverse_cdf import EMPTY, NEGATIVE, NOT_FINITE, OK
 
-# status codes returned by the kernels (0 = ok; NOT_FINITE and EMPTY come from the draws)
+# status codes returned by the kernels (0 = ok; NOT_FINITE, EMPTY and NEGATIVE come from the draws)
 BAD_INDEX, Q_ZERO, BAD_LENGTH = 1, 2, 5
 MESSAGES = {
     BAD_LENGTH: "lengths must lie in 0..K (the number of drafts per row)",
     BAD_INDEX: "drafted outcome is outside 0..V-1",
     Q_ZERO: "drafted outcome has draft probability q = 0 (it cannot have been drawn from q)",
-    NOT_FINITE: "probabilities contain NaN or inf",
+    NOT_FINITE: "probabilities contain NaN or inf, or a negative value in a row drawn from",
     EMPTY: "a probability row has no positive mass",
+    NEGATIVE: "probabilities contain a negative value",
 }
 
 
@@ -33,10 +34,11 @@ def draft_probs(p, q, drafts, b, i):
     px, qx = np.float64(p[b, i, x]), np.float64(q[b, i, x])
     if not (np.isfinite(qx) and np.isfinite(px)):
         return 0.0, 0.0, NOT_FINITE
-    if qx <= 0.0:
+    if px < 0.0 or qx < 0.0:
+        return 0.0, 0.0, NEGATIVE
+    if qx == 0.0:
         return 0.0, 0.0, Q_ZERO
     return px, qx, OK
-
 
 
 def outputs(B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

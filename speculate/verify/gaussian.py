@@ -8,7 +8,8 @@ Acceptance per step is 2 Phi(-|e|/2) (proofs/03). Constant time: no loop over tr
 
 Shapes (events flattened to D): loc_p [B, K+1, D], loc_q [B, K, D], scale [B, K+1, D] (any
 broadcast view), drafts [B, K, D], lengths [B], u_accept [B, K], z_next [B, D].
-Returns n_accepted [B] and next_outcome float64 [B, D].
+Returns n_accepted [B] and next_outcome float64 [B, D]. A NaN or inf in what a row reads, or an
+outcome that overflows, is reported (status NOT_FINITE), never returned.
 """
 
 from __future__ import annotations
@@ -44,16 +45,25 @@ def _row(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next, b, n_out, next_
         if u_accept[b, i] < math.exp(min(logr, 0.0)):
             continue
         c = 2.0 * dot / d2
+        finite = True
         for j in range(D):
             s = scale[b, i, j]
             e = (loc_p[b, i, j] - loc_q[b, i, j]) / s
             z = (drafts[b, i, j] - loc_q[b, i, j]) / s
-            next_out[b, j] = loc_p[b, i, j] + s * (z - c * e)
+            y = loc_p[b, i, j] + s * (z - c * e)
+            next_out[b, j] = y
+            finite = finite and np.isfinite(y)
+        if not finite:
+            status[b], where[b] = NOT_FINITE, i
+            return
         n_out[b], status[b], where[b] = i, OK, i
         return
-    for j in range(D):
-        next_out[b, j] = loc_p[b, L, j] + scale[b, L, j] * z_next[b, j]
-    if not np.isfinite(next_out[b, 0]):
+    finite = True
+    for j in range(D):  # every coordinate: a NaN may sit anywhere in the event
+        y = loc_p[b, L, j] + scale[b, L, j] * z_next[b, j]
+        next_out[b, j] = y
+        finite = finite and np.isfinite(y)
+    if not finite:
         status[b], where[b] = NOT_FINITE, L
         return
     n_out[b], status[b], where[b] = L, OK, L
@@ -104,32 +114,38 @@ def reference(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next):
     next_out = np.zeros((B, D), np.float64)
     status = np.zeros(B, np.int64)
     where = np.zeros(B, np.int64)
-    for b in range(B):
-        L = int(lengths[b])
-        n = L
-        for i in range(L):
-            s = scale[b, i]
-            e = (loc_p[b, i] - loc_q[b, i]) / s
-            z = (drafts[b, i] - loc_q[b, i]) / s
-            dot, d2 = float(np.cumsum(z * e)[-1]), float(np.cumsum(e * e)[-1])
-            logr = dot - 0.5 * d2
-            if not np.isfinite(logr):
-                status[b], n = NOT_FINITE, i
-                break
-            if u_accept[b, i] < math.exp(min(logr, 0.0)):
-                continue
-            next_out[b] = loc_p[b, i] + s * (z - 2.0 * dot / d2 * e)
-            n = i
-            break
-        where[b] = n
-        if status[b] != OK:
-            continue
-        if n == L:
-            next_out[b] = loc_p[b, L] + scale[b, L] * z_next[b]
-            if not np.isfinite(next_out[b, 0]):
-                status[b] = NOT_FINITE
-        n_out[b] = n
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported as NOT_FINITE
+        for b in range(B):
+            _reference_row(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next, b, n_out, next_out, status, where)
     return n_out, next_out, status, where
+
+
+def _reference_row(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next, b, n_out, next_out, status, where):
+    D = loc_p.shape[2]
+    L = int(lengths[b])
+    n = L
+    for i in range(L):
+        s = scale[b, i]
+        e = (loc_p[b, i] - loc_q[b, i]) / s
+        z = (drafts[b, i] - loc_q[b, i]) / s
+        dot = float(np.cumsum(z * e)[-1]) if D else 0.0  # left to right, as the kernel adds
+        d2 = float(np.cumsum(e * e)[-1]) if D else 0.0
+        logr = dot - 0.5 * d2
+        if not np.isfinite(logr):
+            status[b], where[b] = NOT_FINITE, i
+            return
+        if u_accept[b, i] < math.exp(min(logr, 0.0)):
+            continue
+        next_out[b] = loc_p[b, i] + s * (z - 2.0 * dot / d2 * e)
+        n = i
+        break
+    where[b] = n
+    if n == L:
+        next_out[b] = loc_p[b, L] + scale[b, L] * z_next[b]
+    if not np.all(np.isfinite(next_out[b])):
+        status[b] = NOT_FINITE
+        return
+    n_out[b] = n
 
 
 def kernel(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next, parallel):

@@ -1,7 +1,11 @@
 """The checked entry points of the kernels: validate the arrays, run the Numba kernel (or its NumPy
 twin, ``*_reference``, same signature), and raise ``ValueError`` naming the row and position of a
-bad input (a drafted outcome with q = 0, an index outside 0..V-1, NaN/inf probabilities, lengths
-outside 0..K). Every function is pure: the uniforms are inputs.
+bad input (a drafted outcome with q = 0, an index outside 0..V-1, NaN/inf or negative values in
+what the kernel reads, lengths outside 0..K) and, where it can be found, the offending entry; a
+``TypeError`` for arrays of the wrong kind (complex, strings, objects, non-integer drafts).
+float16 and integer probabilities are converted to float64, and p and q of different float types
+are both converted to float64 (same values, one compiled kernel). Every function is pure: the
+uniforms are inputs.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._inverse_cdf import OK, tiny_for
+from .._inverse_cdf import EMPTY, NEGATIVE, NOT_FINITE, OK, tiny_for
 from . import block, gaussian, greedy, multi, token
 from ._shared import MESSAGES
 
@@ -32,13 +36,27 @@ _PARALLEL_MIN_WORK = 1 << 17  # rows x positions x V above which the kernels run
 
 def _probs(x: Any, name: str, ndim: int) -> np.ndarray:
     a = x if isinstance(x, np.ndarray) else np.asarray(x)
-    if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8):
+    if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8) or not a.dtype.isnative:
         if a.dtype.kind not in "biuf":
             raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
-        a = a.astype(np.float64)
+        a = a.astype(a.dtype.newbyteorder("=") if a.dtype.kind == "f" and a.dtype.itemsize in (4, 8) else np.float64)
     if a.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} axes, got shape {a.shape}")
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _positions(p: np.ndarray, name: str) -> None:
+    if p.shape[-2] < 1:
+        raise ValueError(f"{name} needs at least one position (K + 1 >= 1), got shape {p.shape}")
+
+
+def _same_float(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """p and q of one float type (float64 if they differ: the same values, one compiled kernel) and
+    the rounding threshold of p's own type (residual mass below it means p == q up to rounding)."""
+    tiny = tiny_for(p.dtype)
+    if p.dtype != q.dtype:
+        p, q = p.astype(np.float64), q.astype(np.float64)
+    return p, q, tiny
 
 
 def _ints(x: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -54,6 +72,8 @@ def _ints(x: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 def _uniforms(x: Any, name: str, shape: tuple[int, ...], check: bool = True) -> np.ndarray:
     a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if a.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be real numbers, got dtype {a.dtype}")
     if a.dtype != np.float64 or not a.flags.c_contiguous:
         a = np.ascontiguousarray(a, dtype=np.float64)
     if a.shape != shape:
@@ -73,11 +93,48 @@ def _lengths(lengths: Any, shape: tuple[int, ...], K: int, check: bool = True) -
     return a
 
 
-def _raise_on(status: np.ndarray, where: np.ndarray) -> None:
+def _raise_on(status: np.ndarray, where: np.ndarray, rows: Any = None, messages: dict = MESSAGES) -> None:
+    """Raise ValueError for the first row with a bad status. ``rows(b, i)``: the named arrays that
+    row b read at position i, searched for the entry to name (NaN, inf, negative)."""
     if not np.count_nonzero(status):  # cheaper than status.any() on the few rows of a round
         return
     b = int(np.flatnonzero(status != OK)[0])
-    raise ValueError(f"row {b}, position {int(where[b])}: {MESSAGES[int(status[b])]}")
+    code, i = int(status[b]), int(where[b])
+    msg = f"row {b}, position {i}: {messages[code]}"
+    if rows is not None and code in (NOT_FINITE, NEGATIVE, EMPTY):
+        detail = _first_bad(rows(b, i), code)
+        if detail:
+            msg += f" ({detail})"
+    raise ValueError(msg)
+
+
+def _first_bad(named: list[tuple[str, np.ndarray]], code: int) -> str | None:
+    """The entry to name in an error: 'p[b, i, j] = value' for the first NaN, inf or negative entry
+    of the named 1-D rows (NOT_FINITE, NEGATIVE), or the row without positive mass (EMPTY).
+    ``named``: (index prefix such as "p[b, i", row)."""
+    for prefix, a in named:
+        a = np.asarray(a, dtype=np.float64)
+        if code == EMPTY:
+            if not np.any(a > 0):
+                return f"{prefix}, :] has no positive entry"
+            continue
+        bad = np.flatnonzero(~np.isfinite(a) | (a < 0))
+        if bad.size:
+            return f"{prefix}, {int(bad[0])}] = {float(a[bad[0]])!r}"
+    return None
+
+
+def _categorical_rows(p: np.ndarray, q: np.ndarray | None):
+    """What row b of a token/block/greedy kernel read at position i (for error messages)."""
+    K = p.shape[1] - 1
+
+    def rows(b: int, i: int) -> list:
+        out = [(f"p[{b}, {i}", p[b, i])] if 0 <= i <= K else []
+        if q is not None and 0 <= i < K:
+            out.append((f"q[{b}, {i}", q[b, i]))
+        return out
+
+    return rows
 
 
 def _parallel(parallel: bool | None, work: int) -> bool:
@@ -87,6 +144,7 @@ def _parallel(parallel: bool | None, work: int) -> bool:
 def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=True, check_lengths=True):
     p = _probs(p, "p (target probabilities [B, K+1, V])", 3)
     q = _probs(q, "q (draft probabilities [B, K, V])", 3)
+    _positions(p, "p (target probabilities [B, K+1, V])")
     B, K1, V = p.shape
     if q.shape != (B, K1 - 1, V):
         raise ValueError(
@@ -98,31 +156,32 @@ def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=T
     lengths = _lengths(lengths, (B,), K, check_lengths)
     u_accept = _uniforms(u_accept, "u_accept", (B, K), check_uniforms)
     u_next = _uniforms(u_next, "u_next", (B,), check_uniforms)
-    return p, q, drafts, lengths, u_accept, u_next
+    p, q, tiny = _same_float(p, q)
+    return p, q, drafts, lengths, u_accept, u_next, tiny
 
 
-def run_kernel(module, p, q, drafts, lengths, u_accept, u_next, parallel=None):
+def run_kernel(module, p, q, drafts, lengths, u_accept, u_next, parallel=None, tiny=None):
     """Run ``module``'s (token or block) kernel on inputs already in kernel form and raise on a bad row.
 
     The one place that calls these kernels: the public wrappers after their checks, and the round
     loop (verify/one_round.py) directly when its arrays are already in kernel form.
     """
-    n, nxt, status, where = module.kernel(
-        p, q, drafts, lengths, u_accept, u_next, tiny_for(p.dtype), _parallel(parallel, p.size)
-    )
-    _raise_on(status, where)
+    tiny = tiny_for(p.dtype) if tiny is None else tiny
+    n, nxt, status, where = module.kernel(p, q, drafts, lengths, u_accept, u_next, tiny, _parallel(parallel, p.size))
+    if np.count_nonzero(status):  # the round loop's hot path: build the error's context only on error
+        _raise_on(status, where, _categorical_rows(p, q))
     return n, nxt
 
 
 def _categorical_rule(module, reference: bool):
     def run(p, q, drafts, lengths, u_accept, u_next, *, parallel=None, check_uniforms=True):
-        p, q, drafts, lengths, u_accept, u_next = _check_categorical(
+        p, q, drafts, lengths, u_accept, u_next, tiny = _check_categorical(
             p, q, drafts, lengths, u_accept, u_next, check_uniforms, check_lengths=reference
         )
         if not reference:
-            return run_kernel(module, p, q, drafts, lengths, u_accept, u_next, parallel)
-        n, nxt, status, where = module.reference(p, q, drafts, lengths, u_accept, u_next, tiny_for(p.dtype))
-        _raise_on(status, where)
+            return run_kernel(module, p, q, drafts, lengths, u_accept, u_next, parallel, tiny)
+        n, nxt, status, where = module.reference(p, q, drafts, lengths, u_accept, u_next, tiny)
+        _raise_on(status, where, _categorical_rows(p, q))
         return n, nxt
 
     return run
@@ -142,6 +201,7 @@ verify_block_reference.__name__ = "verify_block_reference"
 
 def _check_greedy(p, drafts, lengths):
     p = _probs(p, "p (target probabilities [B, K+1, V])", 3)
+    _positions(p, "p (target probabilities [B, K+1, V])")
     B, K1, _ = p.shape
     return p, _ints(drafts, "drafts", (B, K1 - 1)), _lengths(lengths, (B,), K1 - 1)
 
@@ -149,14 +209,14 @@ def _check_greedy(p, drafts, lengths):
 def verify_greedy(p: Any, drafts: Any, lengths: Any = None, *, parallel: bool | None = None):
     p, drafts, lengths = _check_greedy(p, drafts, lengths)
     n, nxt, status, where = greedy.kernel(p, drafts, lengths, _parallel(parallel, p.size))
-    _raise_on(status, where)
+    _raise_on(status, where, _categorical_rows(p, None))
     return n, nxt
 
 
 def verify_greedy_reference(p: Any, drafts: Any, lengths: Any = None, *, parallel: bool | None = None):
     p, drafts, lengths = _check_greedy(p, drafts, lengths)
     n, nxt, status, where = greedy.reference(p, drafts, lengths)
-    _raise_on(status, where)
+    _raise_on(status, where, _categorical_rows(p, None))
     return n, nxt
 
 
@@ -166,6 +226,7 @@ verify_greedy.__doc__ = greedy.__doc__
 def _check_multi(p, q, drafts, lengths, u_accept, u_next, check_uniforms=True):
     p = _probs(p, "p (target probabilities [B, m, K+1, V])", 4)
     q = _probs(q, "q (draft probabilities [B, m, K, V])", 4)
+    _positions(p, "p (target probabilities [B, m, K+1, V])")
     B, m, K1, V = p.shape
     K = K1 - 1
     if q.shape != (B, m, K, V):
@@ -176,36 +237,61 @@ def _check_multi(p, q, drafts, lengths, u_accept, u_next, check_uniforms=True):
     lengths = _lengths(lengths, (B, m), K)
     u_accept = _uniforms(u_accept, "u_accept", (B, K, m), check_uniforms)
     u_next = _uniforms(u_next, "u_next", (B,), check_uniforms)
-    return p, q, drafts, lengths, u_accept, u_next
+    p, q, tiny = _same_float(p, q)
+    return p, q, drafts, lengths, u_accept, u_next, tiny
+
+
+def _multi_rows(p: np.ndarray, q: np.ndarray):
+    """What row b of the multi-draft kernel read at depth i: every branch's rows there."""
+    K = p.shape[2] - 1
+
+    def rows(b: int, i: int) -> list:
+        out = [(f"p[{b}, {j}, {i}", p[b, j, i]) for j in range(p.shape[1])] if 0 <= i <= K else []
+        if 0 <= i < K:
+            out += [(f"q[{b}, {j}, {i}", q[b, j, i]) for j in range(q.shape[1])]
+        return out
+
+    return rows
 
 
 def verify_multi(p, q, drafts, lengths, u_accept, u_next, *, parallel: bool | None = None, check_uniforms=True):
-    p, q, drafts, lengths, u_accept, u_next = _check_multi(p, q, drafts, lengths, u_accept, u_next, check_uniforms)
-    tiny = tiny_for(p.dtype)
+    p, q, drafts, lengths, u_accept, u_next, tiny = _check_multi(
+        p, q, drafts, lengths, u_accept, u_next, check_uniforms
+    )
     par = _parallel(parallel, p.size)
     n, nxt, branch, status, where = multi.kernel(p, q, drafts, lengths, u_accept, u_next, tiny, par)
-    _raise_on(status, where)
+    _raise_on(status, where, _multi_rows(p, q))
     return n, nxt, branch
 
 
 def verify_multi_reference(p, q, drafts, lengths, u_accept, u_next, *, parallel=None):
-    p, q, drafts, lengths, u_accept, u_next = _check_multi(p, q, drafts, lengths, u_accept, u_next)
-    n, nxt, branch, status, where = multi.reference(p, q, drafts, lengths, u_accept, u_next, tiny_for(p.dtype))
-    _raise_on(status, where)
+    p, q, drafts, lengths, u_accept, u_next, tiny = _check_multi(p, q, drafts, lengths, u_accept, u_next)
+    n, nxt, branch, status, where = multi.reference(p, q, drafts, lengths, u_accept, u_next, tiny)
+    _raise_on(status, where, _multi_rows(p, q))
     return n, nxt, branch
 
 
 verify_multi.__doc__ = multi.__doc__
 
 
+_GAUSSIAN_MESSAGES = {
+    **MESSAGES,
+    NOT_FINITE: "a location, scale or drafted outcome is NaN or inf, or the outcome overflows",
+}
+
+
 def _check_gaussian(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next):
     loc_p = _probs(loc_p, "loc_p [B, K+1, D]", 3).astype(np.float64, copy=False)
+    _positions(loc_p, "loc_p [B, K+1, D]")
     B, K1, D = loc_p.shape
     K = K1 - 1
     loc_q = _probs(loc_q, "loc_q [B, K, D]", 3).astype(np.float64, copy=False)
     if loc_q.shape != (B, K, D):
         raise ValueError(f"loc_q must have shape {(B, K, D)} to match loc_p {loc_p.shape}")
-    scale = np.asarray(scale, np.float64)
+    scale = np.asarray(scale)
+    if scale.dtype.kind not in "biuf":
+        raise TypeError(f"scale must be real numbers, got dtype {scale.dtype}")
+    scale = scale.astype(np.float64, copy=False)
     if not np.all(np.isfinite(scale) & (scale > 0)):  # checked before broadcasting: O(its own size)
         raise ValueError("scale must be finite and > 0")
     try:
@@ -217,23 +303,41 @@ def _check_gaussian(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next):
         raise ValueError(f"drafts must have shape {(B, K, D)}, got {drafts.shape}")
     lengths = _lengths(lengths, (B,), K)
     u_accept = _uniforms(u_accept, "u_accept", (B, K))
-    z_next = np.ascontiguousarray(np.asarray(z_next, np.float64))
+    z_next = np.asarray(z_next)
+    if z_next.dtype.kind not in "biuf":
+        raise TypeError(f"z_next must be real numbers, got dtype {z_next.dtype}")
+    z_next = np.ascontiguousarray(z_next, dtype=np.float64)
     if z_next.shape != (B, D):
         raise ValueError(f"z_next must have shape {(B, D)}, got {z_next.shape}")
+    if not np.all(np.isfinite(z_next)):
+        raise ValueError("z_next (standard normal draws for the bonus) must be finite")
     return loc_p, loc_q, scale, drafts, lengths, u_accept, z_next
+
+
+def _gaussian_rows(loc_p, loc_q, drafts):
+    """What row b of the Gaussian kernel read at position i; only its non-finite entries are bad."""
+    K = loc_p.shape[1] - 1
+
+    def rows(b: int, i: int) -> list:
+        out = [(f"loc_p[{b}, {i}", loc_p[b, i])]
+        if i < K:
+            out += [(f"loc_q[{b}, {i}", loc_q[b, i]), (f"drafts[{b}, {i}", drafts[b, i])]
+        return [(name, np.where(np.isfinite(a), 0.0, a)) for name, a in out]
+
+    return rows
 
 
 def verify_gaussian(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next, *, parallel=None):
     args = _check_gaussian(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next)
     n, nxt, status, where = gaussian.kernel(*args, _parallel(parallel, args[0].size * 8))
-    _raise_on(status, where)
+    _raise_on(status, where, _gaussian_rows(args[0], args[1], args[3]), _GAUSSIAN_MESSAGES)
     return n, nxt
 
 
 def verify_gaussian_reference(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next, *, parallel=None):
     args = _check_gaussian(loc_p, loc_q, scale, drafts, lengths, u_accept, z_next)
     n, nxt, status, where = gaussian.reference(*args)
-    _raise_on(status, where)
+    _raise_on(status, where, _gaussian_rows(args[0], args[1], args[3]), _GAUSSIAN_MESSAGES)
     return n, nxt
 
 

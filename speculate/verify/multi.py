@@ -19,6 +19,7 @@ import numba as nb
 import numpy as np
 
 from .._inverse_cdf import (
+    NEGATIVE,
     NOT_FINITE,
     OK,
     draw_row,
@@ -64,7 +65,10 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, bran
             if not (np.isfinite(qx) and np.isfinite(w[x])):
                 status[b], where[b] = NOT_FINITE, n
                 return
-            if qx <= 0.0:
+            if qx < 0.0 or w[x] < 0.0:
+                status[b], where[b] = NEGATIVE, n
+                return
+            if qx == 0.0:
                 status[b], where[b] = Q_ZERO, n
                 return
             if u_accept[b, n, j] * qx * Z < w[x]:
@@ -89,6 +93,8 @@ def _row(p, q, drafts, lengths, u_accept, u_next, tiny, b, n_out, next_out, bran
             idx, st = draw_row(w, u_next[b], bs)
         else:
             idx, st = draw_row(p[b, j0, n], u_next[b], bs)
+        if st == OK and not p[b, j0, n, idx] > 0.0:  # residual mass from a negative q, not from p
+            idx, st = -1, NEGATIVE
         n_out[b], next_out[b], branch_out[b], status[b], where[b] = n, idx, j0, st, n
         return
 
@@ -157,7 +163,10 @@ def reference(p, q, drafts, lengths, u_accept, u_next, tiny):
                 if not (np.isfinite(qx) and np.isfinite(w[x])):
                     bad = NOT_FINITE
                     break
-                if qx <= 0.0:
+                if qx < 0.0 or w[x] < 0.0:
+                    bad = NEGATIVE
+                    break
+                if qx == 0.0:
                     bad = Q_ZERO
                     break
                 if u_accept[b, n, j] * qx * Z < w[x]:
@@ -178,6 +187,8 @@ def reference(p, q, drafts, lengths, u_accept, u_next, tiny):
                 n += 1
                 continue
             idx, st = draw_row_np(w if any_candidate else p[b, j0, n], u_next[b])
+            if st == OK and not p[b, j0, n, idx] > 0.0:
+                idx, st = -1, NEGATIVE
             out[0][b], out[1][b], out[2][b], status[b] = n, idx, j0, st
             break
         where[b] = n

@@ -224,28 +224,30 @@ def test_pair_kinds_are_all_exercised():
     assert {"disjoint", "equal", "draft_one_hot", "zeros"} <= set(PAIR_KINDS)
 
 
-@pytest.mark.parametrize("fn", [V.verify_token, V.verify_block])
-def test_blocked_inverse_cdf_is_exact_across_block_boundaries(fn):
+@pytest.mark.parametrize(("fn", "rule"), [(V.verify_token, "token"), (V.verify_block, "block")])
+def test_blocked_inverse_cdf_is_exact_across_block_boundaries(fn, rule):
     """V = 300 > one block of 256 partial sums: mass on both sides of the boundary and in the tail
-    lanes. Marginalised over the draft x ~ q, one round with one draft gives exactly p (in rational
-    arithmetic over the uniforms), so the block walk, the boundary and the tail cannot be off by one
-    without this failing (kernel-vs-twin tests cannot see it: both walk the same blocks)."""
+    lanes, in the residual rows AND in the bonus row. The law of the whole round (the kept draft
+    and the bonus, or the residual draw), in rational arithmetic over the uniforms and every draft,
+    equals the rule's: the block walk, the boundary and the tail cannot be off by one without this
+    failing (kernel-vs-twin tests cannot see it: both walk the same blocks). The first version of
+    this test gave the boundary indices no residual mass and looked only at the first outcome, so
+    a search that never returned index 255 passed it; test_core_kernel_laws.py has the full set."""
     from fractions import Fraction as F
 
-    from speculate.testing.exact import assert_exact_law, kernel_law
+    from speculate.testing.exact import assert_exact_law, kernel_round_law, round_law
 
     Vn = 300
-    p, q = [F(0)] * Vn, [F(0)] * Vn
+    p, q, p2 = [F(0)] * Vn, [F(0)] * Vn, [F(0)] * Vn
     for j, w in zip([3, 254, 255, 256, 257, 299], [1, 1, 2, 1, 2, 1], strict=True):
         p[j] = F(w, 8)
-    for j, w in zip([3, 255, 260, 299], [1, 1, 1, 1], strict=True):
-        q[j] = F(w, 4)
-    y = [F(0)] * Vn
-    for x in range(Vn):
-        if q[x]:
-            for (n, nx), w in kernel_law(fn, [p, p], [q], [x]).items():
-                y[x if n else nx] += q[x] * w
-    assert_exact_law(y, p)
+    for j, w in zip([3, 254, 260, 299], [1, 1, 1, 1], strict=True):
+        q[j] = F(w, 4)  # residual (p - q)+ on 255, 256, 257: both sides of the boundary
+    for j, w in zip([0, 255, 256, 298, 299], [1, 2, 2, 2, 1], strict=True):
+        p2[j] = F(w, 8)  # the bonus row after the draft
+    T = lambda s: p if not s else p2  # noqa: E731
+    D = lambda s: q  # noqa: E731
+    assert_exact_law(kernel_round_law(fn, T, D, Vn, 1, rule), round_law(T, D, Vn, 1, rule), rule)
 
 
 @pytest.mark.parametrize("fn", _CHECKED)
