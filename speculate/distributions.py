@@ -71,7 +71,7 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
     """float32 and float64 as given; other real dtypes (float16, ints, bools) as float64."""
     arr = _as_array(x, what)
     if arr.dtype.kind == "f" and arr.dtype.itemsize in (4, 8):
-        return arr
+        return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))  # kernels read native order
     return arr.astype(np.float64)
 
 
@@ -200,7 +200,7 @@ class Categorical:
         flat = pr if pr.ndim == 2 else pr.reshape(-1, pr.shape[-1])
         idx, status = draw_rows(flat, rng.random(flat.shape[0]))
         if status:
-            raise ValueError("Categorical has a row with NaN or no positive mass")
+            raise ValueError("Categorical has a row with NaN, inf, a negative value or no positive mass")
         if pr.ndim == 2:
             return idx
         return int(idx[0]) if pr.ndim == 1 else idx.reshape(pr.shape[:-1])

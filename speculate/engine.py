@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .distributions import Categorical, as_distribution
+from .errors import add_note
 from .rng import as_rng
 from .verify import DEFAULT_MAX_TRIES, verify_one
 
@@ -166,7 +167,7 @@ def speculate(
     except BaseException as err:  # KeyboardInterrupt too: say where it came from, then let it go
         if future is not None:
             future.cancel()
-        _note(err, f"speculate.engine.speculate: raised in {phase}")
+        add_note(err, f"speculate.engine.speculate: raised in {phase}")
         raise
 
 
@@ -177,8 +178,3 @@ def _check_max_tries(max_tries: Any) -> None:
         raise ValueError(f"max_tries (tries of rejection sampling for a residual) must be >= 1, got {max_tries}")
 
 
-def _note(err: BaseException, text: str) -> None:
-    """Attach ``text`` to ``err`` (PEP 678 notes, shown under the traceback; Python >= 3.11)."""
-    add = getattr(err, "add_note", None)
-    if add is not None:
-        add(text)

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from . import theory
+from .errors import add_note
 from .rng import as_rng
 from .stats import Stats
 from .verify import RULES, verify_round
@@ -173,12 +174,6 @@ def _rows(rows: np.ndarray) -> str:
     return ", ".join(map(str, ids)) if len(ids) <= 8 else ", ".join(map(str, ids[:8])) + f", ... ({len(ids)} rows)"
 
 
-def _note(err: BaseException, text: str) -> None:
-    """Attach ``text`` to ``err`` (PEP 678 notes, shown under the traceback; Python >= 3.11)."""
-    add = getattr(err, "add_note", None)
-    if add is not None:
-        add(text)
-
 
 def run(
     process: Process,
@@ -269,6 +264,6 @@ def run(
                 idx = [i for i, kp in enumerate(keep) if kp]
                 rows, left = rows[idx], [left[i] for i in idx]
     except BaseException as err:  # KeyboardInterrupt too: say where it stopped, then let it go
-        _note(err, f"speculate.rounds.run: raised in {phase} of round {stats.rounds + 1} (rows {_rows(rows)})")
+        add_note(err, f"speculate.rounds.run: raised in {phase} of round {stats.rounds + 1} (rows {_rows(rows)})")
         raise
     return RunResult(samples, stats)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from speculate.errors import add_note
 from speculate.rng import as_rng
 from speculate.rounds import run
 
@@ -130,10 +131,8 @@ def simulate(
             if (t + 1) % record_every == 0:
                 rec.positions[:, (t + 1) // record_every] = X
     except BaseException as err:  # KeyboardInterrupt too: say where it stopped, then let it go
-        add_note = getattr(err, "add_note", None)  # PEP 678, Python >= 3.11
-        if add_note is not None:
-            add_note(f"speculate.domains.physics.simulate: raised in step {t} of {n_steps} "
-                     f"(the force call on all {X.shape[0]} rows)")
+        add_note(err, f"speculate.domains.physics.simulate: raised in step {t} of {n_steps} "
+                      f"(the force call on all {X.shape[0]} rows)")
         raise
     B = X.shape[0]
     stats.steps = stats.rounds = stats.target_calls = n_steps  # a round without drafts per step

@@ -25,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from speculate.errors import add_note
 from speculate.rounds import run
 from speculate.stats import Stats
 from speculate.verify import RULES
 
 from .drafts import PolicyDraft
-from .policies import batch_observations, note, policy_calls, prepare
+from .policies import batch_observations, policy_calls, prepare
 from .process import RolloutProcess, Row, env_action, env_name, own, step_env
 from .seeding import rollout_seeds
 from .snapshots import SnapshotError, snapshotter
@@ -204,7 +205,7 @@ def _reset(envs: list, seeds: list) -> list:
         try:
             first.append(e.reset(seed=s)[0])
         except BaseException as err:
-            note(err, f"speculate.domains.rl: raised by env.reset of environment {i} ({env_name(e)})")
+            add_note(err, f"speculate.domains.rl: raised by env.reset of environment {i} ({env_name(e)})")
             raise
     return first
 
@@ -311,11 +312,10 @@ def speculative_rollouts(
                       cost_ratio=cost_ratio, keep_samples=False)
         except BaseException as err:  # KeyboardInterrupt too: leave the environments usable, then re-raise
             problems = proc.abort()
-            note(err, "speculate.domains.rl: the environments were put back to their last committed state "
+            add_note(err, "speculate.domains.rl: the environments were put back to their last committed state "
                       "and the round's snapshots released" + (f" ({'; '.join(problems)})" if problems else ""))
             raise
-        if max_steps > 0:  # max_steps=0 leaves the episode neither terminated nor truncated (as it always has)
-            _truncate(proc.rows, max_steps)
+        _truncate(proc.rows, max_steps)  # as plain rollouts do (max_steps=0 too: the same law, flags included)
         return Rollouts([_episode(space, act_space, r, res.stats) for r in proc.rows], res.stats)
     finally:
         if owned:

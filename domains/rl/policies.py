@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from speculate.distributions import Categorical, Normal, as_distribution
+from speculate.errors import add_note
 
 __all__ = [
     "Prepared",
@@ -44,7 +45,6 @@ __all__ = [
     "action_arrays",
     "action_distributions",
     "batch_observations",
-    "note",
     "policy_calls",
     "policy_name",
     "prepare",
@@ -188,12 +188,6 @@ def _rows_text(rows: Sequence[int]) -> str:
     return text + (f", ... ({len(ids)} environments)" if len(ids) > 8 else "")
 
 
-def note(err: BaseException, text: str) -> None:
-    """Attach ``text`` to ``err`` as a PEP 678 note (shown under the traceback; Python >= 3.11)."""
-    add = getattr(err, "add_note", None)
-    if add is not None:
-        add(text)
-
 
 def policy_calls(
     policies: Sequence[Callable],
@@ -228,8 +222,9 @@ def policy_calls(
             batch = batch_observations(obs_space, [observations[i] for i in idx])
             out.append((idx, action_distributions(policy, batch, action_space, len(idx))))
         except BaseException as err:  # KeyboardInterrupt too: say which policy and environments
-            note(err, f"speculate.domains.rl: raised by the {role} {policy_name(getattr(policy, 'policy', policy))} "
-                      f"scoring {len(idx)} observations of environments {_rows_text([rows[i] for i in idx])}")
+            name = policy_name(getattr(policy, "policy", policy))
+            add_note(err, f"speculate.domains.rl: raised by the {role} {name} scoring {len(idx)} observations "
+                          f"of environments {_rows_text([rows[i] for i in idx])}")
             raise
     return out
 

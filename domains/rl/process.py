@@ -59,10 +59,11 @@ from typing import Any
 import numpy as np
 
 from speculate.distributions import Categorical, Normal
+from speculate.errors import add_note
 from speculate.rounds import Proposal, Verdict
 
 from .drafts import PolicyDraft
-from .policies import action_arrays, note
+from .policies import action_arrays
 
 __all__ = ["RolloutProcess", "Round", "Row", "env_action", "env_name", "own", "step_env"]
 
@@ -96,7 +97,7 @@ def step_env(env: Any, action: Any, where: Callable[[], str] | None = None) -> t
         obs, reward, terminated, truncated, info = env.step(action)
     except BaseException as err:  # KeyboardInterrupt too
         if where is not None:
-            note(err, f"speculate.domains.rl: raised by env.step of {where()}")
+            add_note(err, f"speculate.domains.rl: raised by env.step of {where()}")
         raise
     return own(obs), reward, terminated, truncated, dict(info)
 
@@ -253,7 +254,7 @@ class RolloutProcess:
                     ctx.snaps[i].append(row.snap.save())  # s_j, before the drafted step
                 except BaseException as err:
                     where = self._where(ids[i], int(start[i]) + j, "drafting")()
-                    note(err, f"speculate.domains.rl: raised saving a snapshot of {where}")
+                    add_note(err, f"speculate.domains.rl: raised saving a snapshot of {where}")
                     raise
                 a = env_action(a, ids[i], True)
                 step = step_env(row.env, a, self._where(ids[i], int(start[i]) + j, "drafting"))
@@ -301,7 +302,7 @@ class RolloutProcess:
                     try:
                         row.snap.restore(snaps[n])  # RNG included: see the module docstring
                     except BaseException as err:
-                        note(err, "speculate.domains.rl: raised restoring the snapshot of "
+                        add_note(err, "speculate.domains.rl: raised restoring the snapshot of "
                                   f"{self._where(r, t + n, 'committing')()}")
                         raise
                 a = self._env_action(E[i, n], r)  # the verifier's action, drawn from the policy's law

@@ -52,7 +52,10 @@ def _lengths(lengths: Any, R: int, m: int, k: int) -> np.ndarray:
         a = np.empty(shape, np.int64)  # empty + fill: np.full costs twice as much on a few rows
         a.fill(k)
         return a
-    a = np.asarray(lengths, dtype=np.int64)
+    a = np.asarray(lengths)
+    if a.size and (a.dtype.kind not in "iu"):
+        raise TypeError(f"proposal lengths must be integers (drafts per row), got dtype {a.dtype}")
+    a = a.astype(np.int64, copy=False)
     if m != 1 and a.shape == (R,):
         a = np.repeat(a[:, None], m, axis=1)
     if a.shape != shape:
@@ -83,7 +86,13 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
     u_next = rng.random(R)
     if m == 1:
         u_accept = rng.random((R, k))
-        if p.dtype == q.dtype and p.flags.c_contiguous and q.flags.c_contiguous and outcomes.dtype == np.int64:
+        if (
+            p.dtype == q.dtype
+            and p.dtype.isnative
+            and p.flags.c_contiguous
+            and q.flags.c_contiguous
+            and outcomes.dtype == np.int64
+        ):
             # everything is already in kernel form (shapes checked above): skip the wrapper's checks
             mod = token if rule == "token" else block
             n, nxt = run_kernel(mod, p, q, np.ascontiguousarray(outcomes), lengths, u_accept, u_next)

@@ -119,7 +119,7 @@ def _reflection(p: Normal, q: Normal, x: Any, rng: np.random.Generator):
 def _batched_general(p: Normal, q: Normal, x: Any, rng: np.random.Generator, max_tries: int):
     xs = np.asarray(x, dtype=np.float64)
     flat_p = p.loc.reshape(-1, *p.event_shape)
-    ys, kept = np.empty_like(flat_p), np.empty(len(flat_p), bool)
+    ys, kept = np.empty(flat_p.shape, np.float64), np.empty(len(flat_p), bool)  # float64, as the kernel route
     sp = np.broadcast_to(p.scale, p.loc.shape).reshape(flat_p.shape)
     sq = np.broadcast_to(q.scale, q.loc.shape).reshape(flat_p.shape)
     lq = q.loc.reshape(flat_p.shape)

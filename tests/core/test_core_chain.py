@@ -504,3 +504,21 @@ def test_the_number_of_outcomes_is_checked_whatever_the_number_of_chains(n, stat
         return
     with pytest.raises(error, match="outcomes per chain"):
         sp.chains(tgt, drf, lambda s, x: s, states, n, rng=0)
+
+
+def test_proposal_lengths_must_be_integers():
+    from speculate.rounds import Proposal, run
+
+    class FloatLengths:
+        def propose(self, rows, k, branches, need, rng):
+            q = sp.Categorical(probs=np.full((len(rows), k, 2), 0.5), validate=False)
+            return Proposal(q.sample(rng), q, lengths=np.full(len(rows), 1.5))
+
+        def score(self, rows, proposal):
+            return sp.Categorical(probs=np.full((len(rows), proposal.outcomes.shape[1] + 1, 2), 0.5))
+
+        def commit(self, rows, proposal, verdict):
+            return verdict.n_accepted + 1, None
+
+    with pytest.raises(TypeError, match="lengths must be integers"):
+        run(FloatLengths(), 1, 10, lookahead=3, rng=0)

@@ -174,3 +174,20 @@ def test_normal_checks_batch_ndims_and_never_samples_nan():
     # far tails: the log density is -inf (no overflow warning, no NaN)
     with np.errstate(all="raise"):
         assert sp.Normal(0.0, 1e-300).log_prob(1.0) == -math.inf
+
+
+def test_byte_swapped_probabilities_are_read_in_native_order():
+    big = np.array([[0.25, 0.75], [0.5, 0.5]], dtype=">f8")
+    d = sp.Categorical(probs=big)
+    assert d.probs.dtype.isnative and d.probs.tolist() == big.tolist()
+    assert d.sample(np.random.default_rng(0)).shape == (2,)
+
+
+def test_a_kept_normal_draft_comes_back_unrounded_whatever_the_loc_dtype():
+    """float32 locs with unequal scales (the general route, batch axes): the kept draft is the draft."""
+    p = sp.Normal(np.zeros((64, 2), np.float32), 1.0, batch_ndims=1)
+    q = sp.Normal(np.full((64, 2), 0.1, np.float32), 1.3, batch_ndims=1)
+    x = q.sample(np.random.default_rng(1))
+    y, kept = sp.speculative_sample(p, q, rng=2, draft=x)
+    assert kept.any() and y.dtype == np.float64
+    np.testing.assert_array_equal(y[kept], np.asarray(x, np.float64)[kept])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-from speculate.domains.rl import TabularPolicy, rollouts, speculative_rollout, speculative_rollouts
+from speculate.domains.rl import TabularPolicy, rollout, rollouts, speculative_rollout, speculative_rollouts
 
 
 class ArgmaxOf:
@@ -87,7 +87,9 @@ def test_max_steps_inside_a_block_and_zero_steps() -> None:
     for max_steps in (0, 1, 2, 7, 10):
         t = speculative_rollout(gym.make("CartPole-v1"), target, draft, max_steps=max_steps, lookahead=4, rng=2)
         assert len(t) == max_steps and len(t.observations) == max_steps + 1
-        assert t.truncated == (max_steps > 0) and not t.terminated
+        assert t.truncated and not t.terminated  # max_steps reached first, max_steps=0 included
+        plain = rollout(gym.make("CartPole-v1"), target, max_steps=max_steps, rng=2)
+        assert (plain.terminated, plain.truncated) == (t.terminated, t.truncated)  # the same law, flags too
         assert t.observations.shape == (max_steps + 1, 4) and t.actions.dtype == np.int64
 
 

@@ -59,7 +59,8 @@ def _cdf_breaks(w: Sequence[Fraction]) -> set[Fraction]:
     total = sum(w, ZERO)
     if total == 0:
         return set()
-    return set(itertools.accumulate(x / total for x in w))
+    # a zero weight adds no breakpoint (the running sum does not move): skip it, not just its value
+    return set(itertools.accumulate(x / total for x in w if x))
 
 
 def _exact_rows(a: Any, name: str, dtype: Any = np.float64) -> list:
