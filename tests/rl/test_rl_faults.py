@@ -16,6 +16,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from rl_helpers import same_episodes
 from speculate.domains.rl import TabularPolicy, register_snapshot, rollouts, speculative_rollouts
 from speculate.domains.rl import api as api_module
 from speculate.domains.rl.snapshots import snapshotter as real_snapshotter
@@ -121,15 +122,6 @@ def _envs(fail_env=None, n=None, exc=RuntimeError):
     return [FailOnStep(Walk(), n if i == fail_env else None, exc) for i in range(N_ENVS)]
 
 
-def _same(a, b) -> None:
-    assert len(a) == len(b)
-    for ta, tb in zip(a, b, strict=True):
-        np.testing.assert_array_equal(ta.observations, tb.observations)
-        np.testing.assert_array_equal(ta.actions, tb.actions)
-        np.testing.assert_array_equal(ta.rewards, tb.rewards)
-        assert (ta.terminated, ta.truncated) == (tb.terminated, tb.truncated)
-        assert ta.infos == tb.infos
-
 
 def _run(envs, policy, draft, verify="block"):
     return speculative_rollouts(envs, policy, draft, max_steps=MAX_STEPS, lookahead=K, verify=verify, rng=SEED)
@@ -185,7 +177,7 @@ def test_fault_in_round_3(what, n, phase, domain_note, committed, exc, counting,
     # the faults fire once: the same objects now give exactly what fresh ones give
     monkeypatch.setattr(speculate.rounds, "verify_round", speculate.rounds.verify_round)
     again = _run(envs, policy, draft)
-    _same(again, _fresh())
+    same_episodes(again, _fresh())
     assert all(not c.live for c in counting)
     assert again.stats.rejections == 0 and again.stats.rounds == MAX_STEPS // (K + 1)  # the schedule above
 
@@ -203,8 +195,8 @@ def test_fault_in_plain_rollouts_names_the_environment() -> None:
     with pytest.raises(RuntimeError, match="injected") as info:
         rollouts(envs, TabularPolicy(P), max_steps=10, rng=0)
     assert "raised by env.step of environment 1 (Walk) at step 5 of its episode" in "\n".join(info.value.__notes__)
-    _same(rollouts(envs, TabularPolicy(P), max_steps=10, rng=0), rollouts(_envs(), TabularPolicy(P), max_steps=10,
-                                                                           rng=0))
+    again = rollouts(envs, TabularPolicy(P), max_steps=10, rng=0)
+    same_episodes(again, rollouts(_envs(), TabularPolicy(P), max_steps=10, rng=0))
 
 
 def test_failing_restore_is_reported_and_the_original_error_kept(counting, monkeypatch) -> None:

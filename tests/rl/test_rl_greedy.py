@@ -13,40 +13,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from rl_helpers import ArgmaxOf, CartPoleLinear, same_episodes
 from speculate.domains.rl import TabularPolicy, rollouts, speculative_rollouts
-
-
-class ArgmaxOf:
-    """A deterministic (one-hot) policy: the argmax (first maximum) of another policy's probabilities."""
-
-    def __init__(self, policy, n_actions: int) -> None:
-        self.policy, self.n = policy, n_actions
-
-    def __call__(self, obs):
-        out = self.policy(obs)
-        probs = out.probs if hasattr(out, "probs") else out
-        return np.eye(self.n)[np.argmax(probs, axis=-1)] * 60.0 - 30.0  # logits [N, A]: one-hot softmax
-
-
-class CartPoleLinear:
-    """logits [N, 2] = (w . obs) * [-1, 1] / temperature."""
-
-    def __init__(self, w, temperature: float) -> None:
-        self.w, self.t = np.asarray(w, np.float64), temperature
-
-    def __call__(self, obs):
-        z = obs @ self.w / self.t
-        return np.stack([-z, z], axis=1)
-
-
-def _same(a, b) -> None:
-    assert len(a) == len(b)
-    for ta, tb in zip(a, b, strict=True):
-        np.testing.assert_array_equal(ta.observations, tb.observations)
-        np.testing.assert_array_equal(ta.actions, tb.actions)
-        np.testing.assert_array_equal(ta.rewards, tb.rewards)
-        assert (ta.terminated, ta.truncated) == (tb.terminated, tb.truncated)
-        assert ta.infos == tb.infos
 
 
 def _slippery(n: int, map_name: str = "4x4"):
@@ -87,7 +55,7 @@ def test_greedy_episodes_are_plain_argmax_rollouts(draft_kind: str) -> None:
     envs = _slippery(30)
     spec = speculative_rollouts(envs, TabularPolicy(P), TabularPolicy(draft), max_steps=30, lookahead=3,
                                 verify="greedy", rng=5)
-    _same(spec, rollouts(envs, ArgmaxOf(TabularPolicy(P), 4), max_steps=30, rng=5))
+    same_episodes(spec, rollouts(envs, ArgmaxOf(TabularPolicy(P), 4), max_steps=30, rng=5))
     assert (spec.stats.rejections > 0) == (draft_kind == "unrelated")
     assert any(t.terminated for t in spec) and any(len(t) > 3 for t in spec)
 
@@ -99,7 +67,7 @@ def test_greedy_cartpole_with_a_stochastic_logits_policy() -> None:
     draft = CartPoleLinear([0.0, 0.0, 1.0, 0.3], temperature=0.5)
     envs = [gym.make("CartPole-v1", max_episode_steps=37) for _ in range(6)]
     spec = speculative_rollouts(envs, target, draft, max_steps=100, lookahead=8, verify="greedy", rng=3)
-    _same(spec, rollouts(envs, ArgmaxOf(target, 2), max_steps=100, rng=3))
+    same_episodes(spec, rollouts(envs, ArgmaxOf(target, 2), max_steps=100, rng=3))
     assert spec.stats.rejections == 0 and all(t.truncated and len(t) == 37 for t in spec)
 
 

@@ -13,40 +13,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from rl_helpers import ArgmaxOf, CartPoleLinear, same_episodes
 from speculate.domains.rl import TabularPolicy, rollout, rollouts, speculative_rollout, speculative_rollouts
-
-
-class ArgmaxOf:
-    """A deterministic (one-hot) policy: the argmax of another policy's probabilities."""
-
-    def __init__(self, policy, n_actions: int) -> None:
-        self.policy, self.n = policy, n_actions
-
-    def __call__(self, obs):
-        out = self.policy(obs)
-        probs = out.probs if hasattr(out, "probs") else out
-        return np.eye(self.n)[np.argmax(probs, axis=-1)] * 60.0 - 30.0  # logits [N, A]: one-hot softmax
-
-
-class CartPoleLinear:
-    """logits [N, 2] = (w . obs) * [-1, 1] / temperature: a good CartPole controller when w is right."""
-
-    def __init__(self, w, temperature: float = 0.2) -> None:
-        self.w, self.t = np.asarray(w, np.float64), temperature
-
-    def __call__(self, obs):
-        z = obs @ self.w / self.t
-        return np.stack([-z, z], axis=1)
-
-
-def _same(a, b) -> None:
-    assert len(a) == len(b)
-    for ta, tb in zip(a, b, strict=True):
-        np.testing.assert_array_equal(ta.observations, tb.observations)
-        np.testing.assert_array_equal(ta.actions, tb.actions)
-        np.testing.assert_array_equal(ta.rewards, tb.rewards)
-        assert (ta.terminated, ta.truncated) == (tb.terminated, tb.truncated)
-        assert ta.infos == tb.infos
 
 
 @pytest.mark.parametrize("verify", ["token", "block", "greedy"])
@@ -58,7 +26,7 @@ def test_deterministic_policy_reproduces_plain_rollouts_on_slippery_frozenlake(v
     envs = [gym.make("FrozenLake-v1", is_slippery=True) for _ in range(40)]
     spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=3, verify=verify, rng=5)
     plain = rollouts(envs, target, max_steps=30, rng=5)
-    _same(spec, plain)
+    same_episodes(spec, plain)
     assert spec.stats.rejections > 0  # the draft was wrong sometimes: restores happened
     assert any(t.terminated for t in spec) and any(len(t) > 3 for t in spec)
 
@@ -75,7 +43,7 @@ def test_episode_ends_inside_a_drafted_block(verify: str, lookahead: int) -> Non
                       (bad, lambda: gym.make("CartPole-v1"))]:
         envs = [make() for _ in range(8)]
         spec = speculative_rollouts(envs, pol, draft, max_steps=500, lookahead=lookahead, verify=verify, rng=1)
-        _same(spec, rollouts(envs, pol, max_steps=500, rng=1))
+        same_episodes(spec, rollouts(envs, pol, max_steps=500, rng=1))
         assert all(t.terminated or t.truncated for t in spec)
     assert all(t.truncated and len(t) == 13 for t in speculative_rollouts(
         [gym.make("CartPole-v1", max_episode_steps=13)], target, draft, lookahead=lookahead, verify=verify))
@@ -100,8 +68,8 @@ def test_same_seed_same_trajectories_and_inputs_agree() -> None:
     a = speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=20, rng=9)
     b = speculative_rollouts([f() for f in fns], TabularPolicy(P), TabularPolicy(Q), max_steps=20, rng=9)
     c = speculative_rollouts(gym.vector.SyncVectorEnv(fns), TabularPolicy(P), TabularPolicy(Q), max_steps=20, rng=9)
-    _same(a, b)
-    _same(a, c)
+    same_episodes(a, b)
+    same_episodes(a, c)
     d = speculative_rollouts(fns, TabularPolicy(P), TabularPolicy(Q), max_steps=20, rng=10)
     assert any(len(x) != len(y) or not np.array_equal(x.actions, y.actions) for x, y in zip(a, d, strict=True))
 
@@ -120,7 +88,7 @@ def test_auto_lookahead_with_a_fixed_cost_ratio_is_reproducible() -> None:
 
     for make_rng in (lambda: 3, lambda: np.random.default_rng(3)):
         a, b = go(make_rng()), go(make_rng())
-        _same(a, b)
+        same_episodes(a, b)
         assert a.stats.lookahead_counts == b.stats.lookahead_counts
         assert a.stats.rejections > 0 and len(a.stats.lookahead_counts) > 1  # k did adapt
 
@@ -133,7 +101,7 @@ def test_generator_rng_gives_plain_and_speculative_the_same_reset_seeds() -> Non
     draft = TabularPolicy(rng.dirichlet(np.ones(4), size=16))
     envs = [gym.make("FrozenLake-v1", is_slippery=True) for _ in range(10)]
     spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=3, rng=np.random.default_rng(8))
-    _same(spec, rollouts(envs, target, max_steps=30, rng=np.random.default_rng(8)))
+    same_episodes(spec, rollouts(envs, target, max_steps=30, rng=np.random.default_rng(8)))
     other = rollouts(envs, target, max_steps=30, rng=np.random.default_rng(9))
     assert any(len(x) != len(y) or not np.array_equal(x.observations, y.observations)
                for x, y in zip(spec, other, strict=True))
@@ -188,7 +156,7 @@ def test_env_that_reuses_its_observation_buffer() -> None:
     envs = [gym.wrappers.TimeLimit(BufferEnv(), 100) for _ in range(4)]
     for verify in ("token", "block"):
         spec = speculative_rollouts(envs, target, draft, max_steps=30, lookahead=4, verify=verify, rng=0)
-        _same(spec, rollouts(envs, target, max_steps=30, rng=0))
+        same_episodes(spec, rollouts(envs, target, max_steps=30, rng=0))
         assert len({float(x) for x in spec[0].observations[:, 0]}) > 10  # not all one aliased value
 
 
