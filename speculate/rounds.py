@@ -41,6 +41,7 @@ only takes the outcomes), the target ``P`` scored for k+1 states in one call:
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -51,7 +52,7 @@ from .rng import as_rng
 from .stats import Stats
 from .verify import RULES, verify_round
 
-__all__ = ["Process", "Proposal", "RunResult", "Verdict", "run"]
+__all__ = ["Process", "Proposal", "Round", "RunResult", "Verdict", "rounds", "run"]
 
 
 class Proposal(NamedTuple):
@@ -175,7 +176,17 @@ def _rows(rows: np.ndarray) -> str:
 
 
 
-def run(
+class Round(NamedTuple):
+    """What :func:`rounds` yields after each round: who took part and what each row used."""
+
+    rows: np.ndarray  #: int64 [R]: the rows of this round
+    outcomes: np.ndarray  #: [R, k+1, *event]: the verdict's outcomes; row i used outcomes[i, :used[i]]
+    used: list  #: per row, how many outcomes it used (commit's n_used)
+    finished: list  #: the rows that are done after this round (n reached, or done by the process)
+    stats: Stats  #: the run's counters so far
+
+
+def rounds(
     process: Process,
     n_rows: int,
     n: int | np.ndarray,
@@ -186,15 +197,12 @@ def run(
     rng: int | np.random.Generator | None = None,
     max_lookahead: int = 16,
     cost_ratio: float | None = None,
-    keep_samples: bool = True,
     stats: Stats | None = None,
-) -> RunResult:
-    """Advance ``n_rows`` chains of ``process`` until each has ``n`` outcomes (or is done).
-
-    ``branches``: independent draft branches per row and round (multi-draft, verified by recursive
-    rejection; Categorical only). ``stats``: the object to count into (a domain passes its own
-    subclass of :class:`Stats`). ``keep_samples=False`` records no outcomes (``RunResult.samples``
-    is None): for processes that keep their own trajectory and long runs whose outcomes are large.
+) -> Iterator[Round]:
+    """The round loop as a generator: one :class:`Round` after each commit, until every row of
+    ``process`` has ``n`` outcomes (or is done). For callers that show results as they come
+    (streaming); stopping early is allowed (close the generator: the process keeps what it
+    committed). Arguments as for :func:`run`, which is this loop run to the end.
     """
     if verify not in RULES:
         raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
@@ -207,7 +215,10 @@ def run(
     wanted = _per_row(n, n_rows)
     control = _Lookahead(lookahead, max_lookahead, cost_ratio)
     stats = Stats() if stats is None else stats
-    samples: list[list] | None = [[] for _ in range(n_rows)] if keep_samples else None
+    return _rounds(process, wanted, m, verify, rng, control, stats)
+
+
+def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
     rows = np.flatnonzero(wanted > 0)
     left = wanted[rows].tolist()  # outcomes each active row still needs (Python ints: cheap for few rows)
     phase = "propose"  # where an exception came from, for the note added to it below
@@ -239,11 +250,6 @@ def run(
             for u, a in zip(used, n_acc.tolist(), strict=True):
                 if not 0 <= u <= a + 1:
                     raise ValueError(f"process.commit returned n_used={u} for a row with {a + 1} verified outcomes")
-            if samples is not None:
-                E = verdict.outcomes
-                for i, (r, u) in enumerate(zip(rows.tolist(), used, strict=True)):
-                    e = E[i, :u]
-                    samples[r].extend(e.tolist() if e.ndim == 1 else list(e))
             left = [a - u for a, u in zip(left, used, strict=True)]
             lengths = proposal.lengths
             if lengths is not None:
@@ -260,10 +266,54 @@ def run(
             control.update(n_acc, lengths, k, t1 - t0, t2 - t1)
             done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
             keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
+            event_rows = rows
+            finished: list = []
             if not all(keep):  # finished rows drop out; the others go on
+                finished = [r for r, kp in zip(rows.tolist(), keep, strict=True) if not kp]
                 idx = [i for i, kp in enumerate(keep) if kp]
                 rows, left = rows[idx], [left[i] for i in idx]
+            phase = "the caller's handling of a round"
+            yield Round(event_rows, verdict.outcomes, used, finished, stats)
+    except GeneratorExit:  # the caller stopped early: nothing to report
+        raise
     except BaseException as err:  # KeyboardInterrupt too: say where it stopped, then let it go
         add_note(err, f"speculate.rounds.run: raised in {phase} of round {stats.rounds + 1} (rows {_rows(rows)})")
         raise
+
+
+def run(
+    process: Process,
+    n_rows: int,
+    n: int | np.ndarray,
+    *,
+    lookahead: int | str = 4,
+    verify: str = "token",
+    branches: int = 1,
+    rng: int | np.random.Generator | None = None,
+    max_lookahead: int = 16,
+    cost_ratio: float | None = None,
+    keep_samples: bool = True,
+    stats: Stats | None = None,
+) -> RunResult:
+    """Advance ``n_rows`` chains of ``process`` until each has ``n`` outcomes (or is done).
+
+    ``branches``: independent draft branches per row and round (multi-draft, verified by recursive
+    rejection; Categorical only). ``stats``: the object to count into (a domain passes its own
+    subclass of :class:`Stats`). ``keep_samples=False`` records no outcomes (``RunResult.samples``
+    is None): for processes that keep their own trajectory and long runs whose outcomes are large.
+    :func:`rounds` is the same loop as a generator, one :class:`Round` at a time.
+    """
+    stats = Stats() if stats is None else stats
+    loop = rounds(process, n_rows, n, lookahead=lookahead, verify=verify, branches=branches, rng=rng,
+                  max_lookahead=max_lookahead, cost_ratio=cost_ratio, stats=stats)
+    if not keep_samples:
+        for _ in loop:
+            pass
+        return RunResult(None, stats)
+    samples: list[list] = [[] for _ in range(n_rows)]
+    for event in loop:
+        E = event.outcomes
+        for i, (r, u) in enumerate(zip(event.rows.tolist(), event.used, strict=True)):
+            e = E[i, :u]
+            samples[r].extend(e.tolist() if e.ndim == 1 else list(e))
     return RunResult(samples, stats)

@@ -1,0 +1,66 @@
+"""The round loop as a generator (speculate.rounds.rounds): the events a streaming caller sees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import speculate as sp
+from speculate.rounds import Proposal, rounds, run
+
+T = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.3, 0.3, 0.4]])  # target: next symbol given the last
+D = np.array([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [0.4, 0.4, 0.2]])  # draft
+
+
+class Markov:
+    """B rows of a first-order chain over 3 symbols; the state is each row's last symbol."""
+
+    def __init__(self, B: int) -> None:
+        self.last = np.zeros(B, np.int64)
+
+    def propose(self, rows, k, branches, need, rng):
+        x = np.empty((len(rows), k), np.int64)
+        q = np.empty((len(rows), k, 3))
+        s = self.last[rows]
+        for i in range(k):
+            q[:, i] = D[s]
+            x[:, i] = sp.Categorical(probs=D[s], validate=False).sample(rng)
+            s = x[:, i]
+        return Proposal(x, sp.Categorical(probs=q, validate=False), context=x)
+
+    def score(self, rows, proposal):
+        states = np.concatenate([self.last[rows][:, None], proposal.context], axis=1)  # [R, k+1]
+        return sp.Categorical(probs=T[states], validate=False)
+
+    def commit(self, rows, proposal, verdict):
+        n = verdict.n_accepted + 1
+        self.last[rows] = verdict.outcomes[np.arange(len(rows)), n - 1]
+        return n, None
+
+
+def test_the_events_add_up_to_what_run_returns():
+    n = np.array([7, 0, 12, 3])
+    streamed = [[] for _ in n]
+    finished = []
+    for event in rounds(Markov(4), 4, n, lookahead=3, rng=5):
+        assert len(event.rows) == len(event.used) == event.outcomes.shape[0]
+        for i, (r, u) in enumerate(zip(event.rows.tolist(), event.used, strict=True)):
+            streamed[r] += event.outcomes[i, :u].tolist()
+        finished += event.finished
+    assert streamed == run(Markov(4), 4, n, lookahead=3, rng=5).samples
+    assert sorted(finished) == [0, 2, 3]  # each row reported once, when done; row 1 never ran
+
+
+def test_stopping_early_keeps_what_was_committed():
+    proc = Markov(2)
+    loop = rounds(proc, 2, 100, lookahead=2, rng=0)
+    seen = [next(loop) for _ in range(3)]
+    loop.close()  # a caller that stops early: no error, no note
+    assert seen[-1].stats.rounds == 3
+    last = seen[-1].outcomes[np.arange(2), np.asarray(seen[-1].used) - 1]
+    np.testing.assert_array_equal(proc.last, last)  # the process holds the last committed symbols
+
+
+def test_bad_arguments_are_refused_before_the_first_round():
+    with pytest.raises(ValueError, match="verify must be one of"):
+        rounds(Markov(1), 1, 5, verify="bogus")  # raised at the call, not at the first next()
