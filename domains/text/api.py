@@ -40,7 +40,7 @@ from .kv_cache import (
     CachedModel,
     CacheMemoryError,
     available_memory,
-    cache_bytes,
+    cache_bytes_by_device,
     check_eval_mode,
     check_model,
     length_limits,
@@ -211,9 +211,7 @@ class SpeculativeGenerator:
         more memory than the device they go to has available (:func:`available_memory`)."""
         need: dict[torch.device, list[tuple[str, int]]] = {}
         for model, role in self._models():
-            b = cache_bytes(model, n_rows, capacity + spare)
-            if b is not None:
-                dev = next(model.parameters()).device
+            for dev, b in cache_bytes_by_device(model, n_rows, capacity + spare).items():
                 need.setdefault(dev, []).append((f"{role} KV cache", b))
         need.setdefault(torch.device("cpu"), []).append(("token buffer", n_rows * capacity * 8))
         for dev, parts in need.items():

@@ -22,7 +22,7 @@ import torch
 from .continuation_law import continuation_law
 from .sampling import SamplingConfig
 
-__all__ = ["DEFAULT_TV", "PROMPTS", "conformance_cases", "tiny_llama"]
+__all__ = ["DEFAULT_TV", "PROMPTS", "conformance_cases", "model_case", "tiny_llama"]
 
 #: three prompts of different lengths (rows get left-padded); the second repeats for n-gram lookups
 PROMPTS = ([1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2])
@@ -59,30 +59,39 @@ CHUNK = 20_000  # rows per generate call (bounds the memory of the caches)
 
 def _case(name: str, draft: str, verify: str, cfg: SamplingConfig, eos: list[int],
           lookahead: int | str, tv: float, n_new: int = 2) -> Any:
-    """A case whose outcome is (prompt index, first ``n_new`` tokens), the prompt drawn uniformly;
-    as many samples as catch a deviation of total variation ``tv`` (``chi2_sample_size``)."""
+    """A case on tiny random Llamas (see :func:`model_case`)."""
+    target = tiny_llama()
+    d = tiny_llama(layers=1, hidden=16, heads=2, kv_heads=1, rng=1) if draft == "model" else draft
+    return model_case(name, target, d, verify, cfg, eos, lookahead, tv, n_new=n_new)
+
+
+def model_case(name: str, target: Any, draft: Any, verify: str, cfg: SamplingConfig, eos: list[int],
+               lookahead: int | str, tv: float, prompts: tuple[list[int], ...] = PROMPTS,
+               n_new: int = 2) -> Any:
+    """A case whose outcome is (prompt index, first ``n_new`` tokens), the prompt drawn uniformly
+    from ``prompts`` and rows of all prompts left-padded in every batch; its law from
+    :func:`continuation_law`, with as many samples as catch a deviation of total variation ``tv``
+    (``chi2_sample_size``)."""
     from speculate.testing import ConformanceCase, chi2_sample_size
 
     from .api import SpeculativeGenerator
 
-    target = tiny_llama()
-    d = tiny_llama(layers=1, hidden=16, heads=2, kv_heads=1, rng=1) if draft == "model" else draft
-    gen = SpeculativeGenerator(target, d, lookahead=lookahead, verify=verify)
-    law = {(i, *s): w / len(PROMPTS) for i, p in enumerate(PROMPTS)
+    gen = SpeculativeGenerator(target, draft, lookahead=lookahead, verify=verify)
+    law = {(i, *s): w / len(prompts) for i, p in enumerate(prompts)
            for s, w in continuation_law(target, p, n_new, cfg, eos).items()}
 
     def sample(count: int, seed: int) -> list[tuple[int, ...]]:
         rng = np.random.default_rng(seed)
-        which = rng.integers(0, len(PROMPTS), count)
-        L = max(len(p) for p in PROMPTS)
+        which = rng.integers(0, len(prompts), count)
+        L = max(len(p) for p in prompts)
         out: list[tuple[int, ...]] = []
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
             for lo in range(0, count, CHUNK):
                 part = which[lo : lo + CHUNK]
-                ids = torch.tensor([[0] * (L - len(PROMPTS[w])) + PROMPTS[w] for w in part])
-                mask = torch.tensor([[0] * (L - len(PROMPTS[w])) + [1] * len(PROMPTS[w]) for w in part])
+                ids = torch.tensor([[0] * (L - len(prompts[w])) + prompts[w] for w in part])
+                mask = torch.tensor([[0] * (L - len(prompts[w])) + [1] * len(prompts[w]) for w in part])
                 res = gen.generate(ids, attention_mask=mask, max_new_tokens=n_new, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                                    eos_token_id=eos)

@@ -71,8 +71,9 @@ class ModelDraft:
         if m > 0:
             rows = np.arange(B, dtype=np.int64)
             block = self._known(tokens.block(rows, np.zeros(B, np.int64), m))
-            self.lm.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=True)
-            self.lm.length[:] = tokens.n - 1
+            self.lm.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=True,
+                            valid=tokens.n - 1)
+            self.lm.keep(tokens.n - 1)
 
     def _known(self, block: np.ndarray) -> np.ndarray:
         """Token ids with those outside the draft's vocabulary replaced by ``self.unknown``."""
@@ -109,7 +110,7 @@ class ModelDraft:
         P = tokens.n[rows] - start  # [R] tokens not yet in the draft's cache (>= 1)
         W = int(P.max())
         block = self._known(tokens.block(rows, start, W))  # [R, W]
-        logits = self.lm.forward(torch.from_numpy(block), start)  # [R, W, Vd]
+        logits = self.lm.forward(torch.from_numpy(block), start, valid=P)  # [R, W, Vd]
         dev = logits.device
         last = logits[torch.arange(R, device=dev), torch.as_tensor(P - 1, device=dev)]  # [R, Vd]
         outcomes = np.zeros((R, k), np.int64)
@@ -251,8 +252,12 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
     cfg = copy.deepcopy(target.config)
     text = text_config(cfg)
     text.num_hidden_layers = n_layers
-    if getattr(text, "layer_types", None) is not None:
-        text.layer_types = list(text.layer_types)[:n_layers]
+    types = getattr(text, "layer_types", None)
+    if types is not None and len(types) != n_layers:
+        try:
+            text.layer_types = list(types)[:n_layers]
+        except AttributeError:  # derived from num_hidden_layers (a property without a setter)
+            pass
     # shallow copies of the modules down to the layer list; everything else is shared
     copies = []
     for mod in owners:

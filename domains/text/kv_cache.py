@@ -8,14 +8,21 @@ back a rejected block is therefore free (``length[r]`` simply does not advance p
 tokens, :func:`advance_length`; the stale slots are overwritten by the next round), prompts of
 different lengths need no padding inside the cache, and rows with ragged acceptance never leave
 holes. This works with any transformers causal LM that honours ``position_ids`` and a 4-D
-``attention_mask`` (Llama, Mistral, Qwen2/3, Gemma, Phi-3, GPT-2, GPT-NeoX, ...);
-:func:`check_model` verifies it once per model by comparing cached and uncached logits.
-Llama drafts run in the leaner loop of ``lean_llama.py``, which keeps the same interface.
+``attention_mask`` (Llama, Mistral, Qwen2/3, Gemma, Phi-3, GPT-2, GPT-NeoX, ...), whatever its
+layers attend to: sliding-window, chunked and full-attention layers get their own masks over the
+same slots (``attention_masks.py``), and recurrent layers (Mamba, Mamba2, short convolutions, gated
+delta nets) keep per-row states that roll back to the last kept token (``recurrent.py``). A forward
+is told which columns each row really feeds (``valid``; the rest are padding of a ragged block)
+and :meth:`CachedModel.keep` commits the kept tokens. :func:`check_model` verifies all of it once
+per model by comparing cached logits, after a rollback too, with uncached ones. Llama drafts run
+in the leaner loop of ``lean_llama.py``, which keeps the same interface.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,14 +30,20 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
+from .attention_masks import ATTENTION, RECURRENT, alibi_from_slots, layer_plan, masks
+from .recurrent import RecurrentLayers
+from .recurrent_mixers import find_mixers, unknown_recurrent
+
 __all__ = [
     "CacheMemoryError",
     "CachedModel",
     "advance_length",
     "available_memory",
     "cache_bytes",
+    "cache_bytes_by_device",
     "check_eval_mode",
     "check_model",
+    "layer_devices",
     "length_limits",
     "max_positions",
     "model_vocab_size",
@@ -89,7 +102,7 @@ class _RowLayer(DynamicLayer):
             self.keys[:, :, s.uniform : s.uniform + W] = key_states
             self.values[:, :, s.uniform : s.uniform + W] = value_states
         else:
-            idx = s.index  # [R, 1, W, 1]
+            idx = s.index.to(self.keys.device)  # [R, 1, W, 1]; a model spread over devices
             self.keys.scatter_(2, idx.expand(-1, key_states.shape[1], -1, key_states.shape[3]),
                                key_states.to(self.keys.dtype))
             self.values.scatter_(2, idx.expand(-1, value_states.shape[1], -1,
@@ -155,17 +168,10 @@ def max_positions(model: Any) -> int | None:
 
 
 def length_limits(model: Any) -> list[tuple[int, str]]:
-    """The longest sequence (prompt plus new tokens) ``model`` can decode, with the reason:
-    a sliding attention window (the cache attends to every slot) or learned positions."""
-    cfg = text_config(model.config)
-    out = []
-    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-    if isinstance(window, int) and window > 0:
-        out.append((window, f"a sliding attention window of {window} tokens (config.sliding_window)"))
+    """The longest sequence (prompt plus new tokens) ``model`` can decode, with the reason: learned
+    positions. (Sliding windows are masks over a cache that keeps every slot: no limit.)"""
     n = max_positions(model)
-    if n is not None:
-        out.append((n, f"{n} learned positions (config.max_position_embeddings / n_positions)"))
-    return out
+    return [] if n is None else [(n, f"{n} learned positions (config.max_position_embeddings / n_positions)")]
 
 
 class CacheMemoryError(MemoryError, ValueError):
@@ -175,10 +181,48 @@ class CacheMemoryError(MemoryError, ValueError):
     """
 
 
+def _attention_layers(cfg: Any) -> list[bool]:
+    """Per decoder layer: whether it keeps keys and values (recurrent and MLP-only layers do not)."""
+    n = int(cfg.num_hidden_layers)
+    types = getattr(cfg, "layer_types", None)
+    if types is None or len(types) != n:
+        return [True] * n
+    return [t in ATTENTION for t in types]
+
+
+def layer_devices(model: Any) -> list[torch.device]:
+    """The device of each decoder layer (several with ``device_map``; else the model's device)."""
+    n = int(text_config(model.config).num_hidden_layers)
+    found = [(name, mod) for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.ModuleList) and len(mod) == n and name]
+    if found:
+        _, layers = min(found, key=lambda nm: nm[0].count("."))
+        first = [next(iter(layer.parameters()), None) for layer in layers]
+        if all(p is not None for p in first):
+            return [p.device for p in first]
+    return [_model_device(model)] * n
+
+
+def cache_bytes_by_device(model: Any, batch: int, capacity: int) -> dict[torch.device, int]:
+    """:func:`cache_bytes` split over the devices of the layers that hold them (a model spread with
+    ``device_map`` keeps each layer's cache where the layer is); empty when unknown."""
+    total = cache_bytes(model, batch, capacity)
+    if total is None:
+        return {}
+    attn = _attention_layers(text_config(model.config))
+    per = total // max(1, sum(attn))
+    out: dict[torch.device, int] = {}
+    for dev, a in zip(layer_devices(model), attn, strict=True):
+        if a:
+            out[dev] = out.get(dev, 0) + per
+    return out
+
+
 def cache_bytes(model: Any, batch: int, capacity: int) -> int | None:
     """Bytes of the keys and values of ``batch`` rows of ``capacity`` slots (as :class:`CachedModel`
-    and ``LeanLlama`` allocate them), from the config and the parameters' dtype; None when the
-    config does not say (no ``num_hidden_layers`` / ``num_attention_heads`` / ``hidden_size``).
+    and ``LeanLlama`` allocate them), from the config and the parameters' dtype, for the layers that
+    attend (``config.layer_types``: recurrent layers keep a state of a few vectors per row); None
+    when the config does not say (no ``num_hidden_layers`` / ``num_attention_heads`` / ``hidden_size``).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
@@ -188,7 +232,7 @@ def cache_bytes(model: Any, batch: int, capacity: int) -> int | None:
     """
     cfg = text_config(model.config)
     try:
-        layers = int(cfg.num_hidden_layers)
+        layers = sum(_attention_layers(cfg))
         heads = int(cfg.num_attention_heads)
         kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads)
@@ -248,9 +292,12 @@ def check_eval_mode(model: Any, role: str = "model") -> None:
 class CachedModel:
     """A transformers causal LM plus its position-indexed KV cache for a batch of rows.
 
-    ``length[r]`` counts the tokens of row ``r`` whose keys and values sit, correct, at slots
-    ``0 .. length[r] - 1``. :meth:`forward` writes new tokens from per-row start slots and returns
-    their logits without changing ``length``; the caller advances ``length`` by the tokens it keeps.
+    ``length[r]`` counts the tokens of row ``r`` whose keys and values (and recurrent states) are
+    correct in the cache: slots ``0 .. length[r] - 1``. :meth:`forward` writes new tokens from per-row
+    start slots and returns their logits without changing ``length``; :meth:`keep` then commits the
+    tokens the caller keeps. A model the cache cannot serve is refused at construction with a
+    ``ValueError`` naming the family and the reason (an attention implementation other than sdpa
+    or eager, unknown layer types, recurrent layers no implementation rolls back).
 
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -258,31 +305,44 @@ class CachedModel:
     ...                   num_attention_heads=2, num_key_value_heads=2)
     >>> lm = CachedModel(LlamaForCausalLM(cfg).eval())
     >>> lm.reset(batch=2, capacity=8)
-    >>> lm.forward(torch.tensor([[1, 2, 3], [4, 5, 0]]), np.array([0, 0])).shape
+    >>> lm.forward(torch.tensor([[1, 2, 3], [4, 5, 0]]), np.array([0, 0]), valid=np.array([3, 2])).shape
     torch.Size([2, 3, 16])
+    >>> lm.keep(np.array([3, 2])); lm.length.tolist()
+    [3, 2]
     """
 
     def __init__(self, model: Any) -> None:
+        name = type(model).__name__
         impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
         if impl not in ("sdpa", "eager"):
             raise ValueError(
-                f"attention implementation {impl!r} is not supported by speculate's text domain: "
-                "load the model with attn_implementation='sdpa' or 'eager'"
+                f"{name}: attention implementation {impl!r} is not supported by speculate's text "
+                "domain: load the model with attn_implementation='sdpa' or 'eager'"
             )
         cfg = text_config(model.config)
-        types = getattr(cfg, "layer_types", None)
-        if types is not None and any(t != "full_attention" for t in types):
+        self.plan = layer_plan(model, cfg, name)
+        unknown = unknown_recurrent(model)
+        if unknown:
             raise ValueError(
-                f"{type(model).__name__} has layer types {sorted(set(types))}: only full-attention "
-                "decoder layers are supported (no sliding-window, linear or chunked attention)"
-            )
-        self.window = getattr(cfg, "sliding_window", None) if getattr(
-            cfg, "use_sliding_window", True) else None
+                f"{name} has recurrent layers ({', '.join(unknown)}) that speculate's text domain cannot "
+                "roll back to the last accepted token (supported: Mamba, Mamba2, LFM2 short "
+                "convolutions, Qwen3-Next gated delta nets)")
+        mixers = find_mixers(model)
+        if not mixers and any(t in RECURRENT - {"mlp", "moe"} for t in self.plan.types):
+            raise ValueError(f"{name} has layers of types {sorted(set(self.plan.types))} but no recurrent "
+                             "mixer speculate's text domain knows how to roll back")
+        self.recurrent = RecurrentLayers(mixers)
+        # plain full-attention models at a common start build their own causal mask (none for one
+        # token); everything else gets explicit masks (per layer type) and models with no attention
+        # layers none at all
+        self.own_mask = self.plan.plain and not self.recurrent
         self.model = model
         self.max_pos = max_positions(model)  # learned positions: padded columns are clamped to it
         self.float_mask = impl == "eager"
         self.n_layers = int(cfg.num_hidden_layers)
-        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        params = inspect.signature(model.forward).parameters
+        self._has_logits_to_keep = "logits_to_keep" in params
+        self._attends = bool(self.plan.kinds) and "past_key_values" in params
         self.length = np.zeros(0, np.int64)
         self.slots = _Slots(0)
         self.cache: Cache | None = None
@@ -294,47 +354,56 @@ class CachedModel:
     def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
         """Empty caches for ``batch`` rows of up to ``capacity`` tokens each, plus ``spare`` slots.
 
-        ``capacity`` is the longest sequence a row will hold: a sliding attention window must
-        cover it (the cache attends to every slot). The ``spare`` slots take the padded columns
-        of ragged blocks (a row with fewer drafts than the block is wide), whose outputs are
-        never used; the buffers also grow by themselves if a forward writes past them.
+        ``capacity`` is the longest sequence a row will hold. The ``spare`` slots take the padded
+        columns of ragged blocks (a row with fewer drafts than the block is wide), whose outputs
+        are never used; the buffers also grow by themselves if a forward writes past them.
         """
-        if self.window is not None and capacity > self.window:
-            raise ValueError(
-                f"{type(self.model).__name__} uses a sliding attention window of {self.window} "
-                f"tokens; prompts plus new tokens ({capacity}) must fit in it"
-            )
         self.slots = _Slots(capacity + spare)
         self.cache = Cache(layers=[_RowLayer(self.slots) for _ in range(self.n_layers)])
         self.length = np.zeros(batch, np.int64)
+        self.recurrent.reset()
 
     def release(self) -> None:
         """Free the cache buffers (the next :meth:`reset` allocates new ones)."""
         self.cache = None
         self.slots = _Slots(0)
         self.length = np.zeros(0, np.int64)
+        self.recurrent.release()
 
     def ensure_capacity(self, capacity: int) -> None:
         """Grow the buffers (lazily, at the next forward) to hold ``capacity`` tokens per row."""
         self.slots.capacity = max(self.slots.capacity, capacity)
 
+    @torch.inference_mode()
     def select(self, keep: np.ndarray) -> None:
         """Keep only the rows ``keep`` (local indices, increasing) in the cache."""
         idx = torch.as_tensor(keep, dtype=torch.long, device=self.device)
         assert self.cache is not None
         self.cache.batch_select_indices(idx)
+        self.recurrent.select(np.asarray(keep, np.int64))
         self.length = self.length[keep]
 
     @torch.inference_mode()
+    def keep(self, n: np.ndarray) -> None:
+        """Commit ``n[r]`` more tokens of row ``r`` (written by the forwards since the last commit)."""
+        n = np.asarray(n, dtype=np.int64)
+        if self.recurrent:
+            self.recurrent.keep(n)
+        self.length += n
+
+    @torch.inference_mode()
     def forward(
-        self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False
+        self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False,
+        valid: np.ndarray | None = None,
     ) -> torch.Tensor:
         """Logits ``[R, W, V]`` of ``tokens`` ``[R, W]`` written at slots ``start[r] + j``.
 
-        Token ``j`` of row ``r`` attends to slots ``0 .. start[r] + j`` of its row. With
+        Token ``j`` of row ``r`` attends to slots ``0 .. start[r] + j`` of its row (a window of them in
+        sliding-window layers). ``valid[r]``: how many of row ``r``'s columns are tokens it really
+        feeds (default all; the rest pad a ragged block and never advance a recurrent state). With
         ``last_only`` only the last column's logits are computed (``[R, 1, V]``). When every row
-        starts at the same slot (always at batch 1) the model builds its usual causal mask (none
-        for one token), otherwise it gets an explicit 4-D mask.
+        starts at the same slot (always at batch 1) a plain full-attention model builds its usual
+        causal mask (none for one token), otherwise it gets explicit 4-D masks.
         """
         W = tokens.shape[1]
         dev = self.device
@@ -351,28 +420,56 @@ class CachedModel:
         # used and whose slots are overwritten before any kept token reads them) may lie past the
         # table: clamp their position ids. Kept tokens never reach it (generate checks lengths).
         pos_ids = pos if self.max_pos is None else pos.clamp(max=self.max_pos - 1)
-        mask = None
-        if bool((start == start[0]).all()):
+        uniform = bool((start == start[0]).all())
+        if uniform:
             s.uniform, s.index = int(start[0]), None
         else:
             s.uniform, s.index = None, pos[:, None, :, None]  # [R, 1, W, 1]
-            keys = torch.arange(top, device=dev)
-            allowed = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, T]
-            if self.float_mask:
-                dtype = next(self.model.parameters()).dtype
-                mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(
-                    ~allowed, torch.finfo(dtype).min)
-            else:
-                mask = allowed
+        mask: Any = None
+        if not self.plan.kinds or (self.own_mask and uniform):
+            pass
+        else:
+            dtype = next(self.model.parameters()).dtype if self.float_mask else None
+            mask = masks(self.plan, pos, top, dtype)
         kw: dict[str, Any] = {}
         if last_only and self._has_logits_to_keep:
             kw["logits_to_keep"] = 1
-        out = self.model(input_ids=tokens.to(dev), attention_mask=mask, position_ids=pos_ids,
-                         past_key_values=self.cache, use_cache=True, **kw)
+        if self._attends:
+            kw.update(past_key_values=self.cache, use_cache=True)
+        else:
+            kw["use_cache"] = False
+        with contextlib.ExitStack() as stack:
+            if isinstance(mask, torch.Tensor):
+                stack.enter_context(alibi_from_slots(self.model))
+            if self.recurrent:
+                v = np.full(len(start), W, np.int64) if valid is None else np.asarray(valid, np.int64)
+                stack.enter_context(self.recurrent.installed(start - self.length, v, W))
+            out = self.model(input_ids=tokens.to(dev), attention_mask=mask, position_ids=pos_ids, **kw)
         logits = out.logits
         if last_only and not self._has_logits_to_keep:
             logits = logits[:, -1:]
         return logits
+
+
+@contextlib.contextmanager
+def _probe_window(model: Any, size: int = 3) -> Iterator[None]:
+    """Shrink the model's sliding window and attention chunk to ``size`` tokens while probing, so that
+    a short probe crosses them (the masks are built from the config at every forward)."""
+    cfg = text_config(model.config)
+    saved = []
+    try:
+        for attr in ("sliding_window", "attention_chunk_size"):
+            v = getattr(cfg, attr, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > size:
+                try:
+                    setattr(cfg, attr, size)
+                except Exception:  # a read-only config field: probe with the real one
+                    continue
+                saved.append((attr, v))
+        yield
+    finally:
+        for attr, v in saved:
+            setattr(cfg, attr, v)
 
 
 @torch.inference_mode()
@@ -382,8 +479,9 @@ def check_model(model: Any, role: str = "model") -> None:
     A model in training mode is refused first (:func:`check_eval_mode`; never remembered). The
     comparison runs once per model object and setting (a few tiny forwards; the verdict is stored
     on the model, keyed by its class, dtype, device and attention implementation): two rows with
-    different prompt lengths are decoded through :class:`CachedModel` and compared with the
-    model's own uncached logits.
+    different prompt lengths are decoded through :class:`CachedModel`, one of them rolled back
+    past two tokens it had fed, with sliding windows and attention chunks shrunk to 3 tokens so the
+    probe crosses them, and compared with the model's own uncached logits.
     """
     check_eval_mode(model, role)
     p = next(model.parameters())
@@ -399,29 +497,40 @@ def check_model(model: Any, role: str = "model") -> None:
 def _probe(model: Any) -> str | None:
     name = type(model).__name__
     n_pos = max_positions(model)
-    if n_pos is not None and n_pos < 8:
-        return f"{name} has only {n_pos} positions; speculate's text domain needs at least 8"
+    if n_pos is not None and n_pos < 12:
+        return f"{name} has only {n_pos} positions; speculate's text domain needs at least 12"
+    try:
+        CachedModel(model)
+    except ValueError as e:  # a family the cache cannot serve: its own reason
+        return str(e)
     V = model_vocab_size(model)
     dev = _model_device(model)
     g = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(0, V, (7,), generator=g), torch.randint(0, V, (5,), generator=g)]
+    a, b, alt = (torch.randint(0, V, (n,), generator=g) for n in (10, 8, 2))
+    a_alt = torch.cat([a[:5], alt])  # row 0 feeds alt after a[:5], then rolls back to a[:5]
+    full = [a, b, a_alt]
     try:
-        lm = CachedModel(model)
-        lm.reset(batch=2, capacity=12)
-        # prefill 4 and 2 tokens, then a ragged block of 3 (row 1 has one stale column)
-        first = torch.stack([seqs[0][:4], torch.cat([seqs[1][:2], seqs[1][:2]])])
-        lm.forward(first, np.array([0, 0]))
-        second = torch.stack([seqs[0][4:7], seqs[1][2:5]])
-        got = [lm.forward(second, np.array([4, 2])).float().cpu()]  # [2, 3, V]
-        # one row: blocks of 1 and 2 tokens from a common start (the model's own causal mask)
-        one = CachedModel(model)
-        one.reset(batch=1, capacity=12)
-        one.forward(seqs[0][None, :4], np.array([0]))
-        a = one.forward(seqs[0][None, 4:5], np.array([4]))
-        b = one.forward(seqs[0][None, 5:7], np.array([5]))
-        got = [got[0][0], got[0][1], torch.cat([a, b], dim=1)[0].float().cpu()]
-        want = [model(input_ids=s[None].to(dev)).logits[0, -3:].float().cpu() for s in seqs]
-        want.append(want[0])
+        with _probe_window(model):
+            lm = CachedModel(model)
+            lm.reset(batch=2, capacity=12)
+            # prefill 4 and 2 tokens (row 1's last two columns pad the block), then a ragged block of 3
+            lm.forward(torch.stack([a[:4], torch.cat([b[:2], b[:2]])]), np.array([0, 0]),
+                       valid=np.array([4, 2]))
+            lm.keep(np.array([4, 2]))
+            x = lm.forward(torch.stack([a_alt[4:7], b[2:5]]), np.array([4, 2])).float().cpu()
+            lm.keep(np.array([1, 3]))  # row 0 keeps a[4] only: both rows at slot 5
+            y = lm.forward(torch.stack([a[5:8], b[5:8]]), np.array([5, 5])).float().cpu()
+            # one row: blocks of 1 and 2 tokens from a common start (the model's own causal mask)
+            one = CachedModel(model)
+            one.reset(batch=1, capacity=12)
+            one.forward(a[None, :4], np.array([0]))
+            one.keep(np.array([4]))
+            z1 = one.forward(a[None, 4:5], np.array([4]))
+            one.keep(np.array([1]))
+            z2 = one.forward(a[None, 5:7], np.array([5]))
+            got = [x[0], x[1], y[0], y[1], torch.cat([z1, z2], dim=1)[0].float().cpu()]
+            ref = [model(input_ids=s[None].to(dev)).logits[0].float().cpu() for s in full]
+            want = [ref[2][4:7], ref[1][2:5], ref[0][5:8], ref[1][5:8], ref[0][4:7]]
     except Exception as e:  # an architecture that rejects position_ids or 4-D masks
         return f"{name} cannot run with speculate's position-indexed KV cache: {e!r}"
     if not all(bool(torch.isfinite(w).all()) for w in want):
@@ -430,21 +539,21 @@ def _probe(model: Any) -> str | None:
             "weights hold NaN or its activations overflow (float16?); fix the model first")
     dtype = next(model.parameters()).dtype
     tol = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
-    for r in range(3):
-        scale = float(want[r].abs().max()) + 1.0
-        err = float((got[r] - want[r]).abs().max())
+    for r, (gr, wr) in enumerate(zip(got, want, strict=True)):
+        scale = float(wr.abs().max()) + 1.0
+        err = float((gr - wr).abs().max())
         if not err <= tol * scale:
             return (
                 f"{name} gives different logits with speculate's position-indexed KV cache "
-                f"(max abs error {err:.3g}); it probably ignores position_ids or 4-D attention "
-                "masks, which speculative decoding of ragged batches needs"
+                f"(max abs error {err:.3g}, check {r}); it probably ignores position_ids or 4-D "
+                "attention masks, which speculative decoding of ragged batches needs"
             )
     return None
 
 
 def advance_length(lm: Any, pending: np.ndarray, fed: np.ndarray, n_used: np.ndarray,
                    n_accepted: np.ndarray) -> None:
-    """Advance ``lm.length`` (a :class:`CachedModel` or ``LeanLlama``) past the correct slots of a round.
+    """Commit, in ``lm`` (a :class:`CachedModel` or ``LeanLlama``), the correct slots of a round.
 
     In the round, row ``r`` wrote from slot ``lm.length[r]`` the ``pending[r]`` committed tokens
     its cache lacked, then ``fed[r]`` drafted tokens; the verifier kept ``n_accepted[r]`` drafts and
@@ -453,4 +562,4 @@ def advance_length(lm: Any, pending: np.ndarray, fed: np.ndarray, n_used: np.nda
     come with the next round's first forward). A row that used nothing does not move.
     """
     keep = np.minimum(np.minimum(fed, np.maximum(n_used - 1, 0)), n_accepted)
-    lm.length += np.where(n_used > 0, pending + keep, 0)
+    lm.keep(np.where(n_used > 0, pending + keep, 0))

@@ -42,6 +42,8 @@ def supports(model: Any) -> bool:
 
     if type(model) is not LlamaForCausalLM or model.training:
         return False
+    if len({p.device for p in model.parameters()}) > 1:  # spread over devices: the general cache
+        return False
     cfg = model.config
     impl = getattr(cfg, "_attn_implementation", "eager") or "eager"
     return impl in ("sdpa", "eager") and getattr(cfg, "pretraining_tp", 1) == 1
@@ -115,6 +117,10 @@ class LeanLlama:
         if capacity > self.capacity:
             self._alloc(len(self.length), max(capacity, 2 * self.capacity))
 
+    def keep(self, n: np.ndarray) -> None:
+        """Commit ``n[r]`` more tokens of row ``r`` (as ``CachedModel.keep``)."""
+        self.length += np.asarray(n, dtype=np.int64)
+
     def select(self, keep: np.ndarray) -> None:
         """Keep only the rows ``keep`` (local indices, increasing)."""
         idx = torch.as_tensor(keep, dtype=torch.long, device=self.device_)
@@ -123,9 +129,11 @@ class LeanLlama:
         self.length = self.length[keep]
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False,
+                valid: np.ndarray | None = None) -> torch.Tensor:
         """Logits ``[R, W, V]`` of ``tokens`` ``[R, W]`` written at slots ``start[r] + j``; token ``j`` of
-        row ``r`` attends to slots ``0 .. start[r] + j``. ``last_only``: logits of the last column only."""
+        row ``r`` attends to slots ``0 .. start[r] + j``. ``last_only``: logits of the last column only.
+        ``valid`` (as ``CachedModel.forward``) changes nothing: padded slots are simply overwritten."""
         R, W = tokens.shape
         start = np.asarray(start, dtype=np.int64)
         top = int(start.max()) + W  # slots 0 .. top-1 are read

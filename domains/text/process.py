@@ -144,8 +144,9 @@ class TextProcess:
         m = int(self.tokens.n.max()) - 1
         if m > 0:
             block = self.tokens.block(self.live, np.zeros(B, np.int64), m)
-            self.target.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=True)
-            self.target.length[:] = self.tokens.n - 1
+            self.target.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=True,
+                                valid=self.tokens.n - 1)
+            self.target.keep(self.tokens.n - 1)
         self.draft.reset(self.tokens, capacity, spare)
         self.prefill_time = time.perf_counter() - t0
 
@@ -195,7 +196,7 @@ class TextProcess:
         valid = np.arange(k)[None, :] < lengths[:, None]
         rr = np.repeat(np.arange(R), k).reshape(R, k)
         block[rr[valid], cols[valid]] = drafts[valid]
-        logits = self.target.forward(torch.from_numpy(block), start)  # [R, W, V]
+        logits = self.target.forward(torch.from_numpy(block), start, valid=P + lengths)  # [R, W, V]
         idx = torch.as_tensor(P[:, None] - 1 + np.arange(k + 1)[None, :],
                               device=logits.device)  # [R, k+1]
         sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, k+1, V]

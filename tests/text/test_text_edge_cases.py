@@ -65,25 +65,25 @@ def test_drafts_no_more_than_the_budget_allows(target, make_llama):
         assert max(s.lookahead_counts) <= 1
 
 
-def test_sliding_window_counts_only_the_tokens_a_row_holds():
-    """Mistral with a 32-token window: a 6-token prompt and 20 new tokens fit (26 <= 32), whatever
-    the lookahead (drafts beyond a row's budget are never made, padded columns do not count)."""
+def test_sliding_window_is_no_length_limit():
+    """Mistral with an 8-token window: a 6-token prompt and 27 new tokens (33 > 8) decode exactly
+    (greedy equals the target's own), batched and ragged, whatever the lookahead: the window is a
+    mask over a cache that keeps every slot."""
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
     cfg = MistralConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, sliding_window=32,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
                         max_position_embeddings=64, initializer_range=0.3, bos_token_id=None,
                         eos_token_id=None, pad_token_id=None)
     target = MistralForCausalLM(cfg).double().eval()
     prompt = [1, 5, 7, 2, 9, 3]
     gen = SpeculativeGenerator(target, "early-exit:1", lookahead=3)
-    out = gen.generate([prompt], max_new_tokens=20, temperature=0, eos_token_id=[])
-    assert out.new_tokens[0] == _greedy_tokens(target, prompt, 20)
-    sampled = gen.generate([prompt, prompt[:2]], max_new_tokens=20, eos_token_id=[], rng=0)
-    assert [len(t) for t in sampled.new_tokens] == [20, 20]
-    with pytest.raises(ValueError, match="sliding attention window"):  # 6 + 27 > 32
-        gen.generate([prompt], max_new_tokens=27, eos_token_id=[])
+    out = gen.generate([prompt, prompt[:2]], max_new_tokens=27, temperature=0, eos_token_id=[])
+    assert out.new_tokens[0] == _greedy_tokens(target, prompt, 27)
+    assert out.new_tokens[1] == _greedy_tokens(target, prompt[:2], 27)
+    sampled = gen.generate([prompt, prompt[:2]], max_new_tokens=27, eos_token_id=[], rng=0)
+    assert [len(t) for t in sampled.new_tokens] == [27, 27]
 
 
 def test_max_new_tokens_zero(target):

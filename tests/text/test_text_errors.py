@@ -246,18 +246,18 @@ def test_models_without_a_position_table_have_no_length_limit(make_llama):
     assert len(out.sequences[0]) == 514
 
 
-def test_sliding_window_refused_before_any_work():
-    from transformers import MistralConfig, MistralForCausalLM
+@pytest.mark.parametrize("family", ["gpt_neo", "rwkv", "recurrent_gemma"])
+def test_unsupported_family_refused_before_any_work(family):
+    """A family the cache cannot serve is refused at construction, with its name and the reason,
+    before a single forward pass (domains/text/families.py lists them)."""
+    from speculate.domains.text.families import family as row
+    from speculate.domains.text.families import tiny_model
 
-    torch.manual_seed(0)
-    cfg = MistralConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, sliding_window=32,
-                        max_position_embeddings=64, bos_token_id=None, eos_token_id=None)
-    target = MistralForCausalLM(cfg).eval()
-    gen = SpeculativeGenerator(target, "early-exit:1", lookahead=3)
+    fam = row(family)
+    target = tiny_model(fam)
     calls = Forwards(target)
-    with pytest.raises(ValueError, match=r"33 tokens.*sliding attention window of 32.*Lower max_new_tokens to 26"):
-        gen.generate([[1, 5, 7, 2, 9, 3]], max_new_tokens=27)
+    with pytest.raises(ValueError, match=fam.refusal):
+        SpeculativeGenerator(target, "ngram")
     assert calls.n == 0
 
 

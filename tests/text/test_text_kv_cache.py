@@ -118,6 +118,10 @@ def test_advance_length_keeps_the_pending_tokens_and_the_kept_fed_drafts():
     class Lengths:
         length = np.full(6, 10)
 
+        @classmethod
+        def keep(cls, n):
+            cls.length = cls.length + n
+
     pending = np.array([1, 1, 2, 1, 1, 1])  # committed tokens fed before the drafts
     fed = np.array([3, 3, 2, 3, 0, 3])  # drafts fed after them
     n_accepted = np.array([3, 1, 2, 3, 0, 2])
