@@ -4,7 +4,8 @@ B=64 rows, K=8 drafts, V=32000, float32 (the issue's setting). The token kernel 
 drafted entries and then ONE pair of rows (p, q) at the first rejection (the residual) or the
 target's bonus row: the bytes it touches are measured against np.copy of exactly those rows
 (gathered into a buffer). Block verification reads more (its R_i sums); it is measured against a
-copy of the rows it scans and against a copy of all of p and q.
+copy of the rows it scans and against a copy of all of p and q. The tree kernel is timed on a tree
+of 2 x 2 x 1 candidates (10 nodes, depth 3) per row, children drafted i.i.d. and without replacement.
 
 Run:  .venv/bin/python benchmarks/bench_kernels.py   (writes benchmarks/results/kernels.{json,md})
 """
@@ -17,7 +18,7 @@ import time
 import numpy as np
 from report import describe, machine, write
 
-from speculate.verify import verify_block, verify_greedy, verify_token
+from speculate.verify import Tree, verify_block, verify_greedy, verify_token, verify_tree
 
 B, K, V = 64, 8, 32000
 
@@ -37,6 +38,34 @@ def problem(rng):
     q = (0.6 * p[:, :K] + 0.4 * rng.dirichlet(np.full(V, 0.3), (B, K))).astype(np.float32)
     q /= q.sum(-1, keepdims=True)
     return p, q
+
+
+def tree_timing(rng, B: int = B, V: int = V, branching=(2, 2, 1), repeat: int = 30) -> dict:
+    """Serial and parallel times of verify_tree on B rows of one tree shape, both drafting modes."""
+    tree = Tree.from_branching(list(branching))
+    N1 = len(tree.parent)
+    p = rng.dirichlet(np.full(V, 0.3), (B, N1)).astype(np.float32)
+    q = (0.6 * p + 0.4 * rng.dirichlet(np.full(V, 0.3), (B, N1))).astype(np.float32)
+    q /= q.sum(-1, keepdims=True)
+    out = {"nodes": N1 - 1, "depth": int(tree.depth.max())}
+    for repl in (True, False):
+        tokens = np.zeros((B, N1), np.int64)
+        for i in range(1, N1):  # the argmax of a perturbed q at the parent: distinct siblings
+            w = q[:, tree.parent[i]] * (0.5 + rng.random((B, V)))
+            for c in range(1, i):
+                if tree.parent[c] == tree.parent[i]:
+                    w[np.arange(B), tokens[:, c]] = 0.0
+            tokens[:, i] = np.argmax(w, -1)
+        u, u_next = rng.random((B, N1)), rng.random(B)
+        n, _, _ = verify_tree(p, q, tokens, tree.parent, None, u, u_next, replacement=repl, validate=False)
+        key = "iid" if repl else "without_replacement"
+        out[key] = {"mean_depth": float(n.mean())}
+        for par in (False, True):
+            out[key]["parallel_s" if par else "serial_s"] = best_of(
+                lambda par=par, tokens=tokens, u=u, u_next=u_next, repl=repl: verify_tree(
+                    p, q, tokens, tree.parent, None, u, u_next, replacement=repl, validate=False, parallel=par),
+                repeat)
+    return out
 
 
 def main() -> None:
@@ -92,6 +121,7 @@ def main() -> None:
     full = np.empty_like(p), np.empty_like(q)
     t_full = best_of(lambda: (np.copyto(full[0], p), np.copyto(full[1], q)), repeat=10)
     t_greedy = best_of(lambda: verify_greedy(p, drafts_mixed, None))
+    trees = tree_timing(rng)
     env = machine()
     meta = {
         "command": env["command"],
@@ -99,6 +129,7 @@ def main() -> None:
         "full_copy_p_and_q_s": t_full,
         "full_copy_GBps": (p.nbytes + q.nbytes) / t_full / 1e9,
         "greedy_s": t_greedy,
+        "tree": trees,
         "machine": env,
         "regimes": results,
     }
@@ -134,6 +165,19 @@ def main() -> None:
             f"{r['block_parallel_s'] * 1e3:.2f} ms | {t_full * 1e3:.2f} ms |"
         )
     lines += ["", f"Greedy kernel (argmax rows until the first mismatch): {t_greedy * 1e3:.2f} ms.", ""]
+    lines += [
+        f"Tree kernel ({trees['nodes']} nodes of depth {trees['depth']} per row, 2 x 2 x 1 candidates; random "
+        "uniforms; each candidate tried reads q at its parent, each rejection one residual pass):",
+        "",
+        "| children | mean accepted depth | tree serial | tree parallel |",
+        "|---|---|---|---|",
+    ]
+    for key in ("iid", "without_replacement"):
+        t = trees[key]
+        lines.append(
+            f"| {key} | {t['mean_depth']:.2f} | {t['serial_s'] * 1e3:.2f} ms | {t['parallel_s'] * 1e3:.2f} ms |"
+        )
+    lines.append("")
     write("kernels", meta, "\n".join(lines))
     print("\n".join(lines))
 

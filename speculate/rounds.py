@@ -51,6 +51,7 @@ from .errors import add_note
 from .rng import as_rng
 from .stats import Stats
 from .verify import RULES, verify_round
+from .verify.one_round import as_tree, tree_within_need
 
 __all__ = ["Process", "Proposal", "Round", "RunResult", "Verdict", "rounds", "run"]
 
@@ -60,8 +61,9 @@ class Proposal(NamedTuple):
 
     outcomes: Any  #: drafted outcomes: int64 [R, k] ([R, m, k]), floats [R, k, *event], or nested lists [R][k]
     dists: Any  #: the draft distributions they were drawn from (batched) or nested lists; None = point masses
-    lengths: Any = None  #: valid drafts per row (int64 [R] or [R, m]); None = all k
+    lengths: Any = None  #: valid drafts per row (int64 [R] or [R, m]; trees: valid-node mask bool [R, N+1]); None = all
     context: Any = None  #: the Process's own state for this round, handed back to score and commit
+    tree: Any = None  #: a token tree's shape (speculate.verify.Tree or a parent array [N+1] / [R, N+1]); None = chains
 
 
 class Verdict(NamedTuple):
@@ -69,7 +71,8 @@ class Verdict(NamedTuple):
 
     outcomes: np.ndarray  #: [R, k+1, *event]: row r's kept drafts, then the verifier's draw at n_accepted[r]
     n_accepted: np.ndarray  #: int64 [R]: kept drafts; row r gets outcomes[r, :n_accepted[r] + 1]
-    branch: np.ndarray  #: int64 [R]: the surviving draft branch (0 with one branch)
+    branch: np.ndarray  #: int64 [R]: the surviving draft branch (0 with one branch); trees: the path's last node
+    path: Any = None  #: token trees: int64 [R, D], the accepted nodes root's child first, -1 past n_accepted
 
 
 class Process(Protocol):
@@ -170,6 +173,35 @@ def _padded(outcomes: Any, n: np.ndarray, nxt: Any, branch: np.ndarray, m: int) 
     return E
 
 
+def _tree_verdict(proposal: Proposal, n: np.ndarray, nxt: np.ndarray, path: np.ndarray) -> Verdict:
+    """A token tree's verdict: outcomes [R, D+1] = the accepted path's tokens, then the next outcome."""
+    R, D = path.shape
+    tokens = np.asarray(proposal.outcomes)
+    E = np.zeros((R, D + 1), np.result_type(tokens.dtype, nxt.dtype))
+    rows = np.arange(R)
+    on = path >= 0
+    E[:, :D][on] = tokens[np.repeat(rows, D).reshape(R, D)[on], path[on]]
+    E[rows, n] = nxt
+    last = np.where(n > 0, path[rows, np.maximum(n - 1, 0)] if D else 0, 0)
+    return Verdict(E, n, last, path)
+
+
+def _tree_stats(stats: Stats, proposal: Proposal, k: int, verdict: Verdict) -> np.ndarray:
+    """Count a tree round; returns the per-row draft counts the lookahead control sees (n_accepted,
+    plus one where the walk ended by rejecting a candidate: the path's last node has children)."""
+    tree = as_tree(proposal.tree)
+    R = len(verdict.n_accepted)
+    N1 = np.shape(tree.parent)[-1]
+    parent = np.broadcast_to(np.asarray(tree.parent, np.int64), (R, N1))
+    valid = np.ones((R, N1), bool) if proposal.lengths is None else np.asarray(proposal.lengths, bool)
+    has_child = np.zeros((R, N1), bool)
+    r, i = np.nonzero(valid[:, 1:])
+    has_child[r, parent[r, i + 1]] = True
+    rejected = has_child[np.arange(R), verdict.branch]
+    stats.add_tree_round(k, verdict.n_accepted, verdict.path, valid[:, 1:].sum(axis=1), rejected)
+    return verdict.n_accepted + rejected
+
+
 def _rows(rows: np.ndarray) -> str:
     ids = rows.tolist()
     return ", ".join(map(str, ids)) if len(ids) <= 8 else ", ".join(map(str, ids[:8])) + f", ... ({len(ids)} rows)"
@@ -235,11 +267,17 @@ def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
             target = process.score(rows, proposal)
             phase = "verify"
             t2 = time.perf_counter()
-            if k >= min(left):  # some row needs fewer than k + 1 outcomes: verify no more than it uses
+            tree = getattr(proposal, "tree", None)
+            if tree is not None:  # a token tree: no node deeper than a row can use
+                proposal = proposal._replace(lengths=tree_within_need(proposal, need - 1))
+            elif k >= min(left):  # some row needs fewer than k + 1 outcomes: verify no more than it uses
                 proposal = proposal._replace(lengths=_within_need(proposal.lengths, need, k, m))
             n_acc, nxt, branch, route = verify_round(target, proposal, verify, m, k, R, rng)
             t3 = time.perf_counter()
-            verdict = Verdict(_padded(proposal.outcomes, n_acc, nxt, branch, m), n_acc, branch)
+            if tree is not None:
+                verdict = _tree_verdict(proposal, n_acc, nxt, branch)
+            else:
+                verdict = Verdict(_padded(proposal.outcomes, n_acc, nxt, branch, m), n_acc, branch)
             phase = "commit"
             n_used, done = process.commit(rows, proposal, verdict)
             phase = "the loop's bookkeeping after commit"
@@ -252,11 +290,14 @@ def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
                     raise ValueError(f"process.commit returned n_used={u} for a row with {a + 1} verified outcomes")
             left = [a - u for a, u in zip(left, used, strict=True)]
             lengths = proposal.lengths
-            if lengths is not None:
-                lengths = np.asarray(lengths)
-                if lengths.ndim == 2:  # multi-draft: the surviving branch's length
-                    lengths = lengths[np.arange(R), branch]
-            stats.add_round(k, n_acc, lengths)
+            if tree is not None:
+                lengths = _tree_stats(stats, proposal, k, verdict)
+            else:
+                if lengths is not None:
+                    lengths = np.asarray(lengths)
+                    if lengths.ndim == 2:  # multi-draft: the surviving branch's length
+                        lengths = lengths[np.arange(R), branch]
+                stats.add_round(k, n_acc, lengths)
             stats.emitted += sum(used)
             stats.routes[route] = stats.routes.get(route, 0) + 1
             stats.draft_time += t1 - t0

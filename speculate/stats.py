@@ -12,13 +12,21 @@ differ only by such stops.
 >>> s.add_round(k=4, n_accepted=__import__("numpy").array([2]), lengths=None)
 >>> s.proposed, s.accepted, s.verified, s.tokens_per_call
 (4, 2, 3, 3.0)
+
+Counters of runs on separate rows (the shards of a distributed run) merge by summing:
+
+>>> t = sp.Stats()
+>>> t.add_round(k=2, n_accepted=__import__("numpy").array([2, 0]), lengths=None)
+>>> both = s + t                    # or sp.Stats.merge([s, t]); sum([s, t]) works too
+>>> both.rounds, both.proposed, both.accepted, both.accepted_per_position.tolist()
+(2, 8, 4, [1, 0, 2, 0, 0])
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -40,10 +48,18 @@ class Stats:
     accepted_per_position: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     lookahead_counts: dict = field(default_factory=dict)  #: k -> rounds run with that k
     routes: dict = field(default_factory=dict)  #: verification route -> rounds (token, block, gaussian, general, ...)
+    #: token trees (route "tree"): per node index, the row-rounds whose accepted path went through it
+    #: (entry 0: tree row-rounds); ``accepted_per_position`` is then the accepted-depth histogram
+    tree_node_accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    tree_paths: list = field(default_factory=list)  #: token trees: per round, each row's accepted path (node indices)
     draft_time: float = 0.0
     target_time: float = 0.0
     verify_time: float = 0.0
     commit_time: float = 0.0
+
+    #: fields that describe each row rather than count work (a subclass's ``steps`` per replica):
+    #: merged by taking the maximum instead of the sum
+    _not_summed: ClassVar[tuple[str, ...]] = ()
 
     @property
     def verified(self) -> int:
@@ -101,10 +117,76 @@ class Stats:
             self.accepted_per_position[: k + 1] += np.bincount(n_accepted, minlength=k + 1)[: k + 1]
         self.lookahead_counts[k] = self.lookahead_counts.get(k, 0) + 1
 
+    def add_tree_round(
+        self, k: int, n_accepted: np.ndarray, path: np.ndarray, nodes: np.ndarray, rejected: np.ndarray
+    ) -> None:
+        """Count one round of token-tree verification: ``n_accepted`` int [R] (the accepted depth),
+        ``path`` int [R, D] (the accepted nodes, -1 past the depth), ``nodes`` int [R] (drafted nodes
+        per row: the proposed drafts), ``rejected`` bool [R] (the walk ended by rejecting a candidate)."""
+        n_accepted = np.asarray(n_accepted, np.int64)
+        L = n_accepted + np.asarray(rejected, np.int64)  # n_accepted < L exactly when a candidate was rejected
+        self.add_round(max(k, path.shape[1]), n_accepted, L)
+        self.proposed += int(np.sum(nodes)) - int(L.sum())
+        on = path[path >= 0]
+        width = max(int(on.max()) + 1 if on.size else 1, len(self.tree_node_accepted))
+        counts = np.bincount(on, minlength=width).astype(np.int64)
+        counts[: len(self.tree_node_accepted)] += self.tree_node_accepted
+        counts[0] += len(n_accepted)
+        self.tree_node_accepted = counts
+        rows = zip(path.tolist(), n_accepted.tolist(), strict=True)
+        self.tree_paths.append([tuple(int(v) for v in row[:n]) for row, n in rows])
+
     def _grow(self, k: int) -> None:
         grown = np.zeros(k + 1, np.int64)
         grown[: len(self.accepted_per_position)] = self.accepted_per_position
         self.accepted_per_position = grown
+
+    def __add__(self, other: Stats) -> Stats:
+        """The counters of two runs on disjoint rows, summed field by field (histograms and dicts
+        entry by entry; the fields in ``_not_summed`` take the maximum). The result has the more
+        derived of the two types, so a domain's subclass keeps its own fields."""
+        if not isinstance(other, Stats):
+            return NotImplemented
+        if isinstance(self, type(other)):
+            cls = type(self)
+        elif isinstance(other, type(self)):
+            cls = type(other)
+        else:
+            raise TypeError(f"cannot merge {type(self).__name__} and {type(other).__name__}")
+        out = cls()
+        for f in dataclasses.fields(cls):
+            a, b = getattr(self, f.name, None), getattr(other, f.name, None)
+            if a is None or b is None:
+                setattr(out, f.name, a if b is None else b)
+            elif isinstance(a, np.ndarray):
+                n = max(len(a), len(b))
+                merged = np.zeros(n, np.result_type(a, b))
+                merged[: len(a)] += a
+                merged[: len(b)] += b
+                setattr(out, f.name, merged)
+            elif isinstance(a, dict):
+                d = dict(a)
+                for key, v in b.items():
+                    d[key] = d.get(key, 0) + v
+                setattr(out, f.name, d)
+            elif f.name in cls._not_summed:
+                setattr(out, f.name, max(a, b))
+            else:
+                setattr(out, f.name, a + b)
+        return out
+
+    def __radd__(self, other: Any) -> Stats:
+        if isinstance(other, int) and other == 0:  # sum([...]) starts from 0
+            return self + type(self)()
+        return NotImplemented
+
+    @classmethod
+    def merge(cls, parts: Any) -> Stats:
+        """The summed counters of runs on disjoint rows (see ``__add__``); ``cls()`` when empty."""
+        out: Stats = cls()
+        for p in parts:
+            out = out + p
+        return out
 
     def extras(self) -> dict[str, Any]:
         """The fields a domain's subclass adds (empty for a plain ``Stats``)."""
@@ -129,5 +211,7 @@ class Stats:
             f"verified/call={self.tokens_per_call:.3f} emitted/call={self.emitted_per_call:.3f} "
             f"c={self.cost_ratio:.3f} accepted-length histogram=[{hist}]"
         )
+        if self.tree_paths:
+            line += " tree-node acceptance=[" + " ".join(str(int(c)) for c in self.tree_node_accepted) + "]"
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.extras().items())
         return f"{line} {extra}" if extra else line

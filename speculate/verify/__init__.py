@@ -1,7 +1,9 @@
 """The one verification core: every acceptance rule the library applies, in this folder.
 
-- ``token.py``, ``block.py``, ``greedy.py``, ``multi.py``, ``gaussian.py``: the rules as Numba
-  kernels batched over rows, each beside its NumPy twin (same bits on the same uniforms);
+- ``token.py``, ``block.py``, ``greedy.py``, ``multi.py``, ``gaussian.py``, ``tree.py``: the rules
+  as Numba kernels batched over rows, each beside its NumPy twin (same bits on the same uniforms);
+  ``tree.py`` verifies a token tree (``Tree``: a parent array; multi-draft is the tree with
+  branching only at the root);
 - ``kernels.py``: their checked entry points ``verify_*`` / ``verify_*_reference``;
 - ``one_step.py``: ``verify_one``, the one-step rule for any pair of distributions (the kernels for
   Categorical and equal-scale Normal pairs, rejection from the target for the rest);
@@ -30,14 +32,20 @@ from .kernels import (
     verify_multi_reference,
     verify_token,
     verify_token_reference,
+    verify_tree,
+    verify_tree_greedy,
+    verify_tree_greedy_reference,
+    verify_tree_reference,
 )
 from .one_round import RULES, verify_round
 from .one_step import DEFAULT_MAX_TRIES, ResidualSamplingError, verify_one
+from .tree import Tree
 
 __all__ = [
     "DEFAULT_MAX_TRIES",
     "RULES",
     "ResidualSamplingError",
+    "Tree",
     "verify_block",
     "verify_block_reference",
     "verify_gaussian",
@@ -50,4 +58,8 @@ __all__ = [
     "verify_round",
     "verify_token",
     "verify_token_reference",
+    "verify_tree",
+    "verify_tree_greedy",
+    "verify_tree_greedy_reference",
+    "verify_tree_reference",
 ]

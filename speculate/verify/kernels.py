@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from .._inverse_cdf import EMPTY, NEGATIVE, NOT_FINITE, OK, tiny_for
-from . import block, gaussian, greedy, multi, token
-from ._shared import MESSAGES
+from . import block, gaussian, greedy, multi, token, tree
+from ._shared import MESSAGES, Q_ZERO
 
 __all__ = [
     "verify_block",
@@ -29,6 +29,10 @@ __all__ = [
     "verify_multi_reference",
     "verify_token",
     "verify_token_reference",
+    "verify_tree",
+    "verify_tree_greedy",
+    "verify_tree_greedy_reference",
+    "verify_tree_reference",
 ]
 
 _PARALLEL_MIN_WORK = 1 << 17  # rows x positions x V above which the kernels run threaded
@@ -93,14 +97,17 @@ def _lengths(lengths: Any, shape: tuple[int, ...], K: int, check: bool = True) -
     return a
 
 
-def _raise_on(status: np.ndarray, where: np.ndarray, rows: Any = None, messages: dict = MESSAGES) -> None:
+def _raise_on(
+    status: np.ndarray, where: np.ndarray, rows: Any = None, messages: dict = MESSAGES, label: str = "position"
+) -> None:
     """Raise ValueError for the first row with a bad status. ``rows(b, i)``: the named arrays that
-    row b read at position i, searched for the entry to name (NaN, inf, negative)."""
+    row b read at position i, searched for the entry to name (NaN, inf, negative). ``label`` names
+    what ``where`` indexes (a position, or a tree's node)."""
     if not np.count_nonzero(status):  # cheaper than status.any() on the few rows of a round
         return
     b = int(np.flatnonzero(status != OK)[0])
     code, i = int(status[b]), int(where[b])
-    msg = f"row {b}, position {i}: {messages[code]}"
+    msg = f"row {b}, {label} {i}: {messages[code]}"
     if rows is not None and code in (NOT_FINITE, NEGATIVE, EMPTY):
         detail = _first_bad(rows(b, i), code)
         if detail:
@@ -342,3 +349,209 @@ def verify_gaussian_reference(loc_p, loc_q, scale, drafts, lengths, u_accept, z_
 
 
 verify_gaussian.__doc__ = gaussian.__doc__
+
+
+# ----------------------------------------------------------------------------- token trees
+
+_TREE_MESSAGES = {
+    **MESSAGES,
+    tree.DUPLICATE: "a child repeats the outcome of an earlier sibling, which sampling without replacement "
+    "cannot draw (children drafted i.i.d.? pass replacement=True)",
+}
+
+
+def _tree_shape(parent: Any, valid: Any, R: int, N1: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Checked ``parent`` and ``valid`` as ``[R, N+1]`` arrays, and the tree's depth D.
+
+    ``parent[0] = -1`` and ``0 <= parent[i] < i`` for every node of the tree (a parent comes before
+    its child, which also rules out cycles); the root is valid and a valid node's parent is valid.
+    """
+    a = parent if isinstance(parent, np.ndarray) else np.asarray(parent)
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"parent must be integers (each node's parent index), got dtype {a.dtype}")
+    if a.shape not in ((N1,), (R, N1)):
+        raise ValueError(f"parent must have shape (N+1,) = {(N1,)} or (R, N+1) = {(R, N1)}, got {a.shape}")
+    a = np.ascontiguousarray(np.broadcast_to(a.astype(np.int64, copy=False), (R, N1)))
+    if valid is None:
+        ok = np.ones((R, N1), np.bool_)
+    else:
+        ok = valid if isinstance(valid, np.ndarray) else np.asarray(valid)
+        if ok.shape != (R, N1):
+            raise ValueError(f"valid must have shape (R, N+1) = {(R, N1)}, got {ok.shape}")
+        if ok.dtype != np.bool_:
+            if ok.size and (ok.dtype.kind not in "biu" or not np.isin(ok, (0, 1)).all()):
+                raise TypeError(f"valid must be booleans (which nodes are in each row's tree), got {ok.dtype}")
+            ok = ok.astype(np.bool_)
+        ok = np.ascontiguousarray(ok)
+    if R and not ok[:, 0].all():
+        r = int(np.flatnonzero(~ok[:, 0])[0])
+        raise ValueError(f"valid[{r}, 0] is False: the root (node 0) is always in the tree")
+    if R and (a[:, 0] != -1).any():
+        r = int(np.flatnonzero(a[:, 0] != -1)[0])
+        raise ValueError(f"parent[0] must be -1 (node 0 is the root), got {int(a[r, 0])}")
+    idx = np.arange(N1)
+    bad = ok & ((a < 0) | (a >= idx)) & (idx > 0)
+    if bad.any():
+        r, i = (int(v) for v in np.argwhere(bad)[0])
+        where = f"parent[{i}]" if parent is not None and np.ndim(parent) == 1 else f"parent[{r}, {i}]"
+        raise ValueError(
+            f"malformed tree: {where} = {int(a[r, i])}, but every node i >= 1 needs 0 <= parent[i] < i "
+            "(a parent comes before its children: no self-loops, no cycles)"
+        )
+    a = np.where(ok | (idx == 0), a, 0)  # padding nodes: their parent is never read; make it harmless
+    orphan = ok & ~np.take_along_axis(ok, np.maximum(a, 0), axis=1) & (idx > 0)
+    if orphan.any():
+        r, i = (int(v) for v in np.argwhere(orphan)[0])
+        raise ValueError(
+            f"row {r}, node {i} is valid but its parent {int(a[r, i])} is not (valid[{r}, {int(a[r, i])}] is False)"
+        )
+    depth = tree.tree_depths(a)
+    return a, ok, int(depth[ok].max()) if ok.size else 0
+
+
+def _check_tree(p, q, tokens, parent, valid, u_accept, u_next, check_uniforms=True, validate=False, greedy_=False):
+    p = _probs(p, "p (target probabilities [R, N+1, V])", 3)
+    _positions(p, "p (target probabilities [R, N+1, V])")
+    R, N1, V = p.shape
+    if greedy_:
+        q = p
+    else:
+        q = _probs(q, "q (draft probabilities [R, N+1, V])", 3)
+        if q.shape != p.shape:
+            raise ValueError(
+                f"q must have shape (R, N+1, V) = {p.shape} like p: the draft distribution each node's "
+                f"children were drafted from, got {q.shape}"
+            )
+    parent, valid, depth = _tree_shape(parent, valid, R, N1)
+    tokens = _ints(tokens, "tokens", (R, N1))
+    drafted = valid.copy()
+    drafted[:, 0] = False  # the root carries no token
+    if drafted.any():
+        x = np.where(drafted, tokens, 0)
+        bad = drafted & ((x < 0) | (x >= V))
+        if bad.any():
+            r, i = (int(v) for v in np.argwhere(bad)[0])
+            raise ValueError(
+                f"row {r}, node {i}: drafted outcome tokens[{r}, {i}] = {int(tokens[r, i])} is outside 0..{V - 1}"
+            )
+        if not greedy_:
+            rows = np.arange(R)[:, None]
+            qx = q[rows, np.maximum(parent, 0), x]
+            zero = drafted & (qx == 0)
+            if zero.any():
+                r, i = (int(v) for v in np.argwhere(zero)[0])
+                raise ValueError(
+                    f"row {r}, node {i}: {MESSAGES[Q_ZERO]} (q[{r}, {int(parent[r, i])}, {int(x[r, i])}] = 0 at "
+                    f"its parent {int(parent[r, i])})"
+                )
+    if validate:
+        _validate_tree_rows(p, q, parent, valid, drafted, greedy_)
+    if greedy_:
+        u_accept, u_next = np.zeros((R, N1)), np.zeros(R)
+    else:
+        u_accept = _uniforms(u_accept, "u_accept", (R, N1), check_uniforms)
+        u_next = _uniforms(u_next, "u_next", (R,), check_uniforms)
+    p, q, tiny = _same_float(p, q)
+    return p, q, tokens, parent, valid, u_accept, u_next, tiny, depth
+
+
+def _validate_tree_rows(p, q, parent, valid, drafted, greedy_) -> None:
+    """The rows the kernel may read are distributions (Categorical(validate=True)'s checks)."""
+    from .._inverse_cdf import check_probs
+    from ..distributions import _sum_tolerance
+
+    internal = np.zeros_like(valid)
+    r, i = np.nonzero(drafted)
+    internal[r, parent[r, i]] = True  # nodes with at least one valid child: q there is read
+    checks = [("p", p, valid)] + ([] if greedy_ else [("q", q, internal)])
+    for name, a, mask in checks:
+        rows = np.argwhere(mask)
+        if not len(rows):
+            continue
+        status, j, col, sums = check_probs(np.ascontiguousarray(a[mask]), _sum_tolerance(a.dtype))
+        if status:
+            rr, ii = (int(v) for v in rows[j])
+            what = {1: "is NaN or inf", 2: "is negative"}
+            if status in what:
+                raise ValueError(
+                    f"row {rr}, node {ii}: {name}[{rr}, {ii}, {col}] = {a[rr, ii, col]!r} {what[status]}"
+                )
+            raise ValueError(
+                f"row {rr}, node {ii}: {name}[{rr}, {ii}, :] sums to {float(sums[j])!r}, not 1 within "
+                f"{_sum_tolerance(a.dtype)} (normalise it, or pass validate=False)"
+            )
+
+
+def _tree_rows(p: np.ndarray, q: np.ndarray, parent: np.ndarray):
+    """What row b of the tree kernel read at node i: p there, and q at its parent."""
+
+    def rows(b: int, i: int) -> list:
+        out = [(f"p[{b}, {i}", p[b, i])]
+        if i > 0:
+            a = int(parent[b, i])
+            out += [(f"p[{b}, {a}", p[b, a]), (f"q[{b}, {a}", q[b, a])]
+        return out
+
+    return rows
+
+
+def _tree_rule(reference: bool):
+    def run(
+        p: Any, q: Any, tokens: Any, parent: Any, valid: Any, u_accept: Any, u_next: Any, *,
+        replacement: bool = True, validate: bool = True, parallel: bool | None = None, check_uniforms: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        p, q, tokens, parent, valid, u_accept, u_next, tiny, depth = _check_tree(
+            p, q, tokens, parent, valid, u_accept, u_next, check_uniforms, validate
+        )
+        mode = tree.IID if replacement else tree.WITHOUT
+        if reference:
+            out = tree.reference(p, q, tokens, parent, valid, u_accept, u_next, tiny, mode, depth)
+        else:
+            par = _parallel(parallel, p.size)
+            out = tree.kernel(p, q, tokens, parent, valid, u_accept, u_next, tiny, mode, depth, par)
+        n, nxt, path, status, where = out
+        if np.count_nonzero(status):
+            _raise_on(status, where, _tree_rows(p, q, parent), _TREE_MESSAGES, label="node")
+        return n, nxt, path
+
+    return run
+
+
+verify_tree = _tree_rule(reference=False)
+verify_tree.__name__ = verify_tree.__qualname__ = "verify_tree"
+verify_tree.__doc__ = tree.__doc__
+verify_tree_reference = _tree_rule(reference=True)
+verify_tree_reference.__name__ = verify_tree_reference.__qualname__ = "verify_tree_reference"
+verify_tree_reference.__doc__ = "NumPy twin of :func:`verify_tree` (same arguments, same bits)."
+
+
+def _tree_greedy_rule(reference: bool):
+    def run(
+        p: Any, tokens: Any, parent: Any, valid: Any = None, *, validate: bool = True, parallel: bool | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        p, q, tokens, parent, valid, u_accept, u_next, tiny, depth = _check_tree(
+            p, None, tokens, parent, valid, None, None, validate=validate, greedy_=True
+        )
+        if reference:
+            out = tree.reference(p, q, tokens, parent, valid, u_accept, u_next, tiny, tree.GREEDY, depth)
+        else:
+            out = tree.kernel(p, q, tokens, parent, valid, u_accept, u_next, tiny, tree.GREEDY, depth,
+                              _parallel(parallel, p.size))
+        n, nxt, path, status, where = out
+        _raise_on(status, where, _tree_rows(p, q, parent), _TREE_MESSAGES, label="node")
+        return n, nxt, path
+
+    return run
+
+
+verify_tree_greedy = _tree_greedy_rule(reference=False)
+verify_tree_greedy.__name__ = verify_tree_greedy.__qualname__ = "verify_tree_greedy"
+verify_tree_greedy.__doc__ = """Greedy (argmax) token-tree verification: ``(n_accepted, next_outcome, path)``.
+
+Layout as :func:`verify_tree` without ``q`` and uniforms: from the root, keep the first candidate
+(children of the live nodes, in increasing index) whose outcome is the argmax of p at the live node
+(first index on ties); the next outcome is the argmax where no candidate matches. The output equals
+the target's greedy decoding token for token (proofs/04, proofs/11).
+"""
+verify_tree_greedy_reference = _tree_greedy_rule(reference=True)
+verify_tree_greedy_reference.__name__ = verify_tree_greedy_reference.__qualname__ = "verify_tree_greedy_reference"

@@ -3,7 +3,10 @@ block, greedy or multi-draft kernel; equal-scale Normal proposals to the Gaussia
 or, for any other distributions, to the one-step rule (``one_step.py``) position by position.
 
 ``RULES`` is the one list of rule names; the round loop, the domains and speculate.testing import it.
-Multi-draft verification is the token rule with ``branches > 1`` (recursive rejection).
+Multi-draft verification is the token rule with ``branches > 1`` (recursive rejection). A proposal
+that carries a ``tree`` (a parent array or a ``speculate.verify.Tree``) is a token tree: the token
+rule verifies it with the tree kernel (``verify_tree``; route "tree"), the greedy rule with
+``verify_tree_greedy`` (route "tree_greedy"); see :func:`verify_tree_round`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,18 @@ import numpy as np
 
 from ..distributions import Categorical, Normal, PointMass, as_distribution
 from . import block, token
-from .kernels import run_kernel, verify_block, verify_gaussian, verify_greedy, verify_multi, verify_token
+from .kernels import (
+    run_kernel,
+    verify_block,
+    verify_gaussian,
+    verify_greedy,
+    verify_multi,
+    verify_token,
+    verify_tree,
+    verify_tree_greedy,
+)
 from .one_step import verify_one
+from .tree import Tree, tree_depths
 
 RULES = ("token", "block", "greedy")  #: the verification rules; multi-draft is "token" with branches > 1
 
@@ -25,9 +38,13 @@ def verify_round(target: Any, proposal: Any, rule: str, branches: int, k: int, R
 
     Returns ``(n_accepted [R], next outcomes, branch [R], route)``: the next outcomes are an array
     ``[R, *event]`` on the kernel routes and a list on the general one; ``route`` names the rule
-    that ran ("token", "block", "greedy", "multi", "gaussian" or "general").
+    that ran ("token", "block", "greedy", "multi", "gaussian" or "general"). A tree proposal
+    (``proposal.tree`` set) returns the accepted path ``[R, D]`` in place of ``branch`` and the
+    route "tree" or "tree_greedy" (:func:`verify_tree_round`).
     """
     m = branches
+    if getattr(proposal, "tree", None) is not None:
+        return verify_tree_round(target, proposal, rule, branches, R, rng)
     lengths = _lengths(proposal.lengths, R, m, k)
     if isinstance(target, Categorical) and (proposal.dists is None or isinstance(proposal.dists, Categorical)):
         return _categorical(target, proposal, rule, m, k, R, lengths, rng)
@@ -208,3 +225,71 @@ def _greedy_value(p: Any) -> Any:
 
 def _equal(a: Any, b: Any) -> bool:
     return PointMass(b).log_prob(a) == 0.0
+
+
+def as_tree(tree: Any) -> Tree:
+    """``Proposal.tree`` as a :class:`~speculate.verify.Tree` (a bare parent array: i.i.d. children)."""
+    if isinstance(tree, Tree):
+        return tree
+    return Tree(np.asarray(tree))
+
+
+def tree_within_need(proposal: Any, cap: np.ndarray) -> np.ndarray:
+    """The valid-node mask ``[R, N+1]`` of a tree proposal cut to depth ``cap[r]`` per row (the
+    round loop's ``need - 1``: deeper nodes could never be used)."""
+    tree = as_tree(proposal.tree)
+    parent = np.asarray(tree.parent)
+    R = len(cap)
+    N1 = parent.shape[-1]
+    depth = np.broadcast_to(tree_depths(np.clip(parent, -1, N1 - 1)), (R, N1))  # verify_tree checks the shape
+    keep = depth <= np.asarray(cap)[:, None]
+    if proposal.lengths is None:
+        return keep
+    return np.asarray(proposal.lengths, dtype=bool) & keep
+
+
+def verify_tree_round(target: Any, proposal: Any, rule: str, branches: int, R: int, rng: np.random.Generator):
+    """Verify one round of token trees: ``proposal.outcomes`` int64 ``[R, N+1]`` (the token at each
+    node; column 0, the root, is ignored), ``proposal.dists`` a Categorical with batch shape
+    ``[R, N+1]`` (the draft distribution each node's children were sampled from), ``proposal.lengths``
+    the valid-node mask bool ``[R, N+1]`` or None, ``proposal.tree`` the shape (parent array
+    ``[N+1]`` or ``[R, N+1]``, or a :class:`~speculate.verify.Tree` saying whether the children
+    were drafted with replacement); ``target`` a Categorical with batch shape ``[R, N+1]`` (p at
+    every node's context, in one call). Returns ``(n_accepted [R], next [R], path [R, D], route)``.
+    """
+    if branches != 1:
+        raise ValueError(f"a token tree is one proposal per row: pass branches=1, got {branches} (draft branches "
+                         "are the tree with branching only at the root, Tree.chains(m, k))")
+    tree = as_tree(proposal.tree)
+    if not isinstance(target, Categorical):
+        raise ValueError(f"token-tree verification needs a Categorical target, got {type(target).__name__}")
+    N1 = np.shape(tree.parent)[-1]
+    if target.batch_shape != (R, N1):
+        raise ValueError(f"target must score the {N1} nodes of each row's tree in one call: batch shape "
+                         f"{(R, N1)}, got {target.batch_shape}")
+    tokens = np.asarray(proposal.outcomes)
+    if tokens.shape != (R, N1):
+        raise ValueError(
+            f"tree proposals need outcomes [R, N+1] = {(R, N1)} (the token at each node), got {tokens.shape}"
+        )
+    if rule == "greedy":
+        n, nxt, path = verify_tree_greedy(target.probs, tokens, tree.parent, proposal.lengths, validate=False)
+        return n, nxt, path, "tree_greedy"
+    if rule != "token":
+        raise ValueError(
+            f"token trees are verified with verify='token' (recursive rejection) or 'greedy', got {rule!r}"
+        )
+    dists = proposal.dists
+    if not isinstance(dists, Categorical):
+        raise ValueError("a token tree verified with verify='token' needs the Categorical each node's children were "
+                         f"sampled from (batch shape {(R, N1)}), got {type(dists).__name__}")
+    if dists.num_outcomes != target.num_outcomes:
+        raise ValueError(
+            f"vocabulary mismatch: target has {target.num_outcomes} outcomes, draft has {dists.num_outcomes}"
+        )
+    if dists.batch_shape != (R, N1):
+        raise ValueError(f"draft distributions of a tree must have batch shape {(R, N1)}, got {dists.batch_shape}")
+    n, nxt, path = verify_tree(target.probs, dists.probs, tokens, tree.parent, proposal.lengths,
+                               rng.random((R, N1)), rng.random(R), replacement=bool(tree.replacement),
+                               validate=False, check_uniforms=False)
+    return n, nxt, path, "tree"

@@ -14,6 +14,8 @@ Everything here is pure Python on :class:`fractions.Fraction`. The package re-ex
 
 Multi-draft verification is the token rule with ``branches > 1`` (``round_law(...,
 branches=m)``); a multi-draft kernel is recognised by the layout of ``p`` (``[m][K+1][V]``).
+Token-tree verification has its own: ``tree_round_law`` / ``tree_walk`` (the mathematics) and
+``kernel_tree_round_law`` / ``kernel_tree_laws`` (a kernel such as ``speculate.verify.verify_tree``).
 Chains are given as functions ``prefix -> probabilities`` over ``V`` outcomes, where the prefix
 is the tuple of outcomes emitted so far; they may depend on the whole prefix and contain zeros.
 
@@ -27,7 +29,7 @@ Fraction(1, 2)
 
 from ...verify import RULES
 from ._checks import as_law, to_fractions
-from .kernels import kernel_law, kernel_laws, kernel_round_law
+from .kernels import kernel_law, kernel_laws, kernel_round_law, kernel_tree_laws, kernel_tree_round_law
 from .rules import (
     acceptance,
     assert_exact_law,
@@ -41,6 +43,9 @@ from .rules import (
     speculative_law,
     target_joint_law,
     total_variation,
+    tree_drafts,
+    tree_round_law,
+    tree_walk,
 )
 
 __all__ = [
@@ -56,10 +61,15 @@ __all__ = [
     "kernel_law",
     "kernel_laws",
     "kernel_round_law",
+    "kernel_tree_laws",
+    "kernel_tree_round_law",
     "residual",
     "round_law",
     "speculative_law",
     "target_joint_law",
     "to_fractions",
     "total_variation",
+    "tree_drafts",
+    "tree_round_law",
+    "tree_walk",
 ]

@@ -9,7 +9,9 @@ rule's law from ``rules.py`` (:func:`~speculate.testing.exact.round_law`).
 
 A multi-draft kernel (the token rule with several draft branches, as
 ``speculate.verify.verify_multi``) is recognised by the layout of ``p``: ``[m][K+1][V]`` instead of
-``[K+1][V]``; its law's keys carry the surviving branch.
+``[K+1][V]``; its law's keys carry the surviving branch. Token-tree kernels
+(``speculate.verify.verify_tree``) have their own: :func:`kernel_tree_laws`,
+:func:`kernel_tree_round_law`.
 
 >>> from speculate.verify import verify_multi
 >>> p, q = [[[0.5, 0.5], [0.5, 0.5]]] * 2, [[[0.75, 0.25]]] * 2  # m = 2 branches, K = 1, V = 2
@@ -45,7 +47,7 @@ from ._checks import (
 )
 from .rules import block_quantities, continuations, residual
 
-__all__ = ["kernel_law", "kernel_laws", "kernel_round_law"]
+__all__ = ["kernel_law", "kernel_laws", "kernel_round_law", "kernel_tree_laws", "kernel_tree_round_law"]
 
 _EPS = 1e-9  # how far inside a piece's ends the kernel is probed
 
@@ -439,4 +441,197 @@ def kernel_round_law(
         for key, pw in law.items():
             br = branch_drafts[key[2]] if multi else branch_drafts[0]
             out[(*br[: key[0]], key[1])] += w * pw
+    return dict(sorted(out.items()))
+
+
+# --------------------------------------------------------------------------- token trees
+
+
+def _tree_coords(p, q, par, tok, ok, replacement, greedy) -> list[set[Fraction]]:
+    """Breakpoints of every uniform the tree kernel may read (u_accept per node, then u_next),
+    found by walking every accept/reject path of the rule exactly."""
+    N1 = len(par)
+    coords: list[set[Fraction]] = [set() for _ in range(N1 + 1)]
+    if greedy:
+        return []
+
+    def walk(live: list[int]) -> None:
+        j0 = live[0]
+        cands = [c for c in range(1, N1) if ok[c] and par[c] in live]
+        cur = p[j0]
+        removed: set[int] = set()
+        for c in cands:
+            x, qrow = tok[c], q[par[c]]
+            if replacement:
+                qc = qrow
+            else:
+                left = ONE - sum((qrow[y] for y in removed), ZERO)
+                qc = [ZERO if y in removed else v / left for y, v in enumerate(qrow)]
+            if qc[x] == 0:
+                raise ValueError(f"node {c}: drafted outcome {x} has q = 0")
+            a = min(ONE, cur[x] / qc[x])
+            coords[c].add(a)
+            if a:
+                walk([d for d in cands if tok[d] == x])
+            if a == 1:
+                return
+            cur = residual(cur, qc)
+            removed.add(x)
+        coords[N1] |= _cdf_breaks(cur)
+
+    walk([0])
+    coords[0] = set()  # column 0 of u_accept is never read
+    return coords
+
+
+def kernel_tree_laws(
+    kernel: Callable[..., Any],
+    parent: Sequence[int],
+    cases: Sequence[Sequence[Any]],
+    replacement: bool = True,
+    dtype: Any = np.float64,
+) -> list[dict[tuple[int, ...], Fraction]]:
+    """Exact law of a token-tree kernel (signature of ``speculate.verify.verify_tree``, or of
+    ``verify_tree_greedy`` when ``replacement`` is ``"greedy"``) for several rows of one tree shape.
+
+    ``cases``: ``(p [N+1][V], q [N+1][V], tokens [N+1])`` or ``(p, q, tokens, valid [N+1])``.
+    The kernel is called on every piece of its uniforms' space (``u_accept [N+1]`` and ``u_next``,
+    cut at the rule's rational breakpoints) and must be constant on each piece. Returns, per case,
+    ``{(n_accepted, next_outcome, last accepted node or 0): probability}``, to compare with
+    :func:`~speculate.testing.exact.tree_walk`.
+
+    >>> from speculate.verify import verify_tree
+    >>> case = ([[0.5, 0.5]] * 3, [[0.75, 0.25]] * 3, [0, 0, 1])
+    >>> kernel_tree_laws(verify_tree, [-1, 0, 0], [case])[0] == {
+    ...     (1, 0, 1): Fraction(1, 3), (1, 1, 1): Fraction(1, 3),
+    ...     (1, 0, 2): Fraction(1, 6), (1, 1, 2): Fraction(1, 6)}
+    True
+    """
+    from .rules import check_parent
+
+    par = check_parent(parent)
+    N1 = len(par)
+    greedy = replacement == "greedy"
+    prepared = []
+    for ci, case in enumerate(cases):
+        if len(case) not in (3, 4):
+            raise ValueError(f"case {ci} must be (p, q, tokens) or (p, q, tokens, valid)")
+        p = _exact_rows(case[0], f"case {ci}: p", dtype)
+        q = p if greedy else _exact_rows(case[1], f"case {ci}: q", dtype)
+        tok = [int(t) for t in case[2]]
+        ok = [True] * N1 if len(case) == 3 or case[3] is None else [bool(v) for v in case[3]]
+        if len(p) != N1 or len(q) != N1 or len(tok) != N1 or len(ok) != N1:
+            raise ValueError(f"case {ci}: p, q, tokens and valid need N+1 = {N1} rows like parent")
+        prepared.append((p, q, tok, ok))
+    if not prepared:
+        return []
+    V = len(prepared[0][0][0])
+    laws = []
+    for ci, (p, q, tok, ok) in enumerate(prepared):
+        coords = _tree_coords(p, q, par, tok, ok, replacement is True, greedy)
+        laws.append(_tree_case_law(kernel, par, p, q, tok, ok, coords, greedy, replacement is True, dtype, V, ci))
+    return laws
+
+
+def _tree_case_law(kernel, par, p, q, tok, ok, coords, greedy, replacement, dtype, V, ci) -> dict:
+    N1 = len(par)
+    P = np.array([[float(x) for x in row] for row in p], dtype)[None]
+    Q = np.array([[float(x) for x in row] for row in q], dtype)[None]
+    T = np.array([tok], np.int64)
+    OKA = np.array([ok], bool)
+    parent = np.array(par, np.int64)
+    if greedy:
+        n, y, path = kernel(P, T, parent, OKA)
+        key = (int(n[0]), int(y[0]), int(path[0, n[0] - 1]) if n[0] else 0)
+        return {key: ONE}
+    pieces = [_pieces(c) for c in coords]
+    lo = [np.array([float(a) for a, _ in pc]) for pc in pieces]
+    hi = [np.array([float(b) for _, b in pc]) for pc in pieces]
+    eps = [np.minimum(_EPS, (h - l_) / 4) for l_, h in zip(lo, hi, strict=True)]
+    mid = [np.array([float((a + b) / 2) for a, b in pc]) for pc in pieces]
+    idx = np.array(list(itertools.product(*[range(len(pc)) for pc in pieces])))  # [C, N+2]
+    nc = len(coords)
+    centre = np.stack([mid[c][idx[:, c]] for c in range(nc)], axis=1)
+    evals = [centre]
+    for c in range(nc):
+        if len(pieces[c]) == 1 and c < N1:
+            continue  # a uniform no path reads: probed at the centre only
+        for end in (lo[c][idx[:, c]] + eps[c][idx[:, c]], hi[c][idx[:, c]] - eps[c][idx[:, c]]):
+            u = centre.copy()
+            u[:, c] = end
+            evals.append(u)
+    E = len(evals)
+    U = np.stack(evals, axis=1).reshape(-1, nc)
+    R = len(U)
+    n, y, path = kernel(np.broadcast_to(P, (R, *P.shape[1:])), np.broadcast_to(Q, (R, *Q.shape[1:])),
+                        np.broadcast_to(T, (R, N1)), parent, np.broadcast_to(OKA, (R, N1)),
+                        np.ascontiguousarray(U[:, :N1]), np.ascontiguousarray(U[:, N1]), replacement=replacement)
+    n, y = np.asarray(n), np.asarray(y)
+    last = np.where(n > 0, np.asarray(path)[np.arange(R), np.maximum(n - 1, 0)], 0)
+    out = np.stack([n, y, last], axis=1).reshape(len(idx), E, 3)
+    bad = np.nonzero((out != out[:, :1, :]).any(axis=(1, 2)))[0]
+    if len(bad):
+        c = int(bad[0])
+        e = int(np.nonzero((out[c] != out[c, :1]).any(axis=1))[0][0])
+        raise AssertionError(
+            f"tree kernel output is not constant on a piece of the uniforms' space (case {ci}, tokens "
+            f"{tok}): {out[c, 0].tolist()} at the piece's centre but {out[c, e].tolist()} near an end of "
+            "one uniform: a threshold differs from the rule's"
+        )
+    widths = [[b - a for a, b in pc] for pc in pieces]
+    law: dict = defaultdict(Fraction)
+    for cell, res in zip(idx.tolist(), out[:, 0, :].tolist(), strict=True):
+        w = ONE
+        for c, j in enumerate(cell):
+            w *= widths[c][j]
+        if not (0 <= res[1] < V):
+            raise AssertionError(f"case {ci}: kernel returned next outcome {res[1]} outside [0, {V})")
+        law[tuple(res)] += w
+    return dict(sorted(law.items()))
+
+
+def kernel_tree_round_law(
+    kernel: Callable[..., Any],
+    target: Conditional,
+    draft: Conditional,
+    V: int,
+    parent: Sequence[int],
+    prefix: Prefix = (),
+    replacement: bool | str = True,
+    dtype: Any = np.float64,
+) -> SeqLaw:
+    """Exact law of the block one round of token-tree verification emits when ``kernel`` verifies:
+    every drafted tree (:func:`~speculate.testing.exact.tree_drafts`; i.i.d. children, or without
+    replacement when ``replacement=False``; ``"greedy"`` for a ``verify_tree_greedy``-like kernel
+    on i.i.d. drafts), the kernel's ``p``/``q`` arrays built from the chains at every node's
+    context, and :func:`kernel_tree_laws` weighed by the trees' probabilities. Compare with
+    :func:`~speculate.testing.exact.tree_round_law`.
+
+    >>> from speculate.testing.exact import tree_round_law
+    >>> from speculate.verify import verify_tree
+    >>> T = lambda s: [Fraction(1, 2), Fraction(1, 2)]
+    >>> D = lambda s: [Fraction(3, 4), Fraction(1, 4)]
+    >>> kernel_tree_round_law(verify_tree, T, D, 2, [-1, 0, 0, 1]) == tree_round_law(T, D, 2, [-1, 0, 0, 1])
+    True
+    """
+    from .rules import _context, check_parent, tree_drafts
+
+    check_V(V)
+    par = check_parent(parent)
+    Tc, Dc = Cond(target, V, "target"), Cond(draft, V, "draft")
+    greedy = replacement == "greedy"
+    trees = tree_drafts(Dc, V, par, prefix, True if greedy else bool(replacement))
+    cases, weights = [], []
+    uniform = [Fraction(1, V)] * V
+    for tokens, valid, w in trees:
+        ctxs = [_context(par, tokens, i, prefix) if valid[i] else None for i in range(len(par))]
+        p = [Tc(c) if c is not None else uniform for c in ctxs]
+        q = [Dc(c) if c is not None else uniform for c in ctxs]
+        cases.append((p, q, list(tokens), list(valid)))
+        weights.append(w)
+    laws = kernel_tree_laws(kernel, par, cases, replacement, dtype)
+    out: SeqLaw = defaultdict(Fraction)
+    for (_, _, tokens, _), w, law in zip(cases, weights, laws, strict=True):
+        for (n, y, last), pw in law.items():
+            out[(*_context(par, tokens, last, ())[:n], y)] += w * pw
     return dict(sorted(out.items()))

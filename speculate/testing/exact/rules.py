@@ -5,7 +5,8 @@ One round after a prefix: :func:`round_law` for every rule of ``speculate.verify
 block, greedy; the token rule with ``branches > 1`` is multi-draft recursive rejection), with
 :func:`block_quantities` for the block rule and :func:`expected_outcomes`. Chains of rounds:
 :func:`chain_joint_law`, compared with :func:`target_joint_law`, directly or through
-:func:`extend_with_target` (Theorem 5's criterion). :func:`assert_exact_law` compares two laws
+:func:`extend_with_target` (Theorem 5's criterion). Token trees (``speculate.verify.verify_tree``): :func:`tree_drafts`,
+:func:`tree_walk`, :func:`tree_round_law`. :func:`assert_exact_law` compares two laws
 exactly. Nothing here calls a kernel; the law of an actual kernel is in ``kernels.py``.
 
 Chains are given as functions ``prefix -> probabilities`` over ``V`` outcomes, where the prefix
@@ -58,6 +59,9 @@ __all__ = [
     "speculative_law",
     "target_joint_law",
     "total_variation",
+    "tree_drafts",
+    "tree_round_law",
+    "tree_walk",
 ]
 
 
@@ -539,3 +543,217 @@ def expected_outcomes(
     """
     law = round_law(target, draft, V, k, rule, branches, prefix)
     return sum((len(b) * w for b, w in law.items()), ZERO)
+
+
+# --------------------------------------------------------------------------- token trees
+
+
+def check_parent(parent: Sequence[int]) -> list[int]:
+    """A tree shape as a list: ``parent[0] = -1`` (the root) and ``0 <= parent[i] < i``.
+
+    >>> check_parent([-1, 0, 0, 1])
+    [-1, 0, 0, 1]
+    >>> check_parent([-1, 2, 0])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: malformed tree: parent[1] = 2, but every node i >= 1 needs 0 <= parent[i] < i ...
+    """
+    out = [int(a) for a in parent]
+    if not out or out[0] != -1:
+        raise ValueError(f"parent[0] must be -1 (node 0 is the root), got {parent!r}")
+    for i, a in enumerate(out[1:], start=1):
+        if not 0 <= a < i:
+            raise ValueError(
+                f"malformed tree: parent[{i}] = {a}, but every node i >= 1 needs 0 <= parent[i] < i "
+                "(a parent comes before its children: no cycles)"
+            )
+    return out
+
+
+def tree_drafts(
+    draft: Conditional,
+    V: int,
+    parent: Sequence[int],
+    prefix: Prefix = (),
+    replacement: bool = True,
+) -> list[tuple[tuple[int, ...], tuple[bool, ...], Fraction]]:
+    """Every way the draft can fill a tree, with its probability: ``(tokens, valid, probability)``.
+
+    Node i's outcome is drawn from ``draft`` at its parent's context (``prefix`` + the outcomes on
+    the path root -> parent): i.i.d. across siblings (``replacement=True``), or without replacement
+    (each child from the draft with its earlier siblings' outcomes removed, renormalised; a child
+    for which no mass is left is not drafted, nor its subtree: ``valid`` False). ``tokens[0]`` is 0.
+
+    >>> F = Fraction
+    >>> D = lambda s: [F(1, 2), F(1, 2)]
+    >>> [(t, w) for t, _, w in tree_drafts(D, 2, [-1, 0, 0], replacement=False)]
+    [((0, 0, 1), Fraction(1, 2)), ((0, 1, 0), Fraction(1, 2))]
+    """
+    check_V(V)
+    par = check_parent(parent)
+    Q = Cond(draft, V, "draft")
+    N1 = len(par)
+    out = []
+
+    def fill(i: int, tokens: list[int], valid: list[bool], w: Fraction) -> None:
+        if i == N1:
+            out.append((tuple(tokens), tuple(valid), w))
+            return
+        a = par[i]
+        if not valid[a]:
+            fill(i + 1, [*tokens, 0], [*valid, False], w)
+            return
+        q = Q(_context(par, tokens, a, prefix))
+        if replacement:
+            for x, qx in enumerate(q):
+                if qx:
+                    fill(i + 1, [*tokens, x], [*valid, True], w * qx)
+            return
+        used = {tokens[c] for c in range(1, i) if par[c] == a and valid[c]}
+        left = ONE - sum((q[x] for x in used), ZERO)
+        if left == 0:
+            fill(i + 1, [*tokens, 0], [*valid, False], w)
+            return
+        for x, qx in enumerate(q):
+            if qx and x not in used:
+                fill(i + 1, [*tokens, x], [*valid, True], w * qx / left)
+
+    fill(1, [0], [True], ONE)
+    return out
+
+
+def _context(par: list[int], tokens: Sequence[int], node: int, prefix: Prefix) -> Prefix:
+    """``prefix`` followed by the outcomes on the path root -> node."""
+    path = []
+    while node > 0:
+        path.append(tokens[node])
+        node = par[node]
+    return tuple(prefix) + tuple(reversed(path))
+
+
+def tree_walk(
+    target: Conditional,
+    draft: Conditional,
+    V: int,
+    parent: Sequence[int],
+    tokens: Sequence[int],
+    valid: Sequence[bool] | None = None,
+    prefix: Prefix = (),
+    replacement: bool = True,
+    rule: str = "token",
+) -> dict[tuple[int, ...], Fraction]:
+    """Law of what the tree rule emits for ONE drafted tree, over the verifier's randomness:
+    ``{(n_accepted, next_outcome, last accepted node or 0): probability}`` (the mathematics of
+    ``speculate.verify.verify_tree``; ``rule="greedy"``: of ``verify_tree_greedy``).
+
+    The live nodes start as {root}; their valid children in increasing index are the candidates,
+    tried against the current residual r (r = target at the live context): candidate c with
+    outcome x is kept with probability min(1, r(x) / q_c(x)), q_c the draft at the live context
+    (with the siblings rejected so far removed and renormalised when ``replacement=False``); on
+    rejection r <- norm((r - q_c)_+). A kept candidate's outcome extends the path and the live
+    nodes become the candidates carrying it; when all are rejected the next outcome is drawn from
+    r, and when the live nodes have no children, from the target (the bonus).
+
+    >>> F = Fraction
+    >>> T, D = (lambda s: [F(1, 2), F(1, 2)]), (lambda s: [F(3, 4), F(1, 4)])
+    >>> tree_walk(T, D, 2, [-1, 0, 0], [0, 0, 1]) == {
+    ...     (1, 0, 1): F(1, 3), (1, 1, 1): F(1, 3), (1, 0, 2): F(1, 6), (1, 1, 2): F(1, 6)}
+    True
+    """
+    check_V(V)
+    par = check_parent(parent)
+    T, D = Cond(target, V, "target"), Cond(draft, V, "draft")
+    N1 = len(par)
+    ok = [True] * N1 if valid is None else [bool(v) for v in valid]
+    tok = [int(t) for t in tokens]
+    if len(tok) != N1 or len(ok) != N1:
+        raise ValueError(f"tokens and valid must have N+1 = {N1} entries like parent")
+    out: dict[tuple[int, ...], Fraction] = defaultdict(Fraction)
+
+    def walk(live: list[int], acc: Prefix, w: Fraction) -> None:
+        ctx = tuple(prefix) + acc
+        p = T(ctx)
+        cands = [c for c in range(1, N1) if ok[c] and par[c] in live]
+        last = live[0]
+        if rule == "greedy":
+            best = _argmax(p)
+            for c in cands:
+                if tok[c] == best:
+                    walk([d for d in cands if tok[d] == best], (*acc, best), w)
+                    return
+            out[(len(acc), best, _last(acc, last))] += w
+            return
+        cur = p
+        if cands:
+            q = D(ctx)
+            removed: set[int] = set()
+            for c in cands:
+                x = tok[c]
+                qc = q
+                if not replacement:
+                    if x in removed:
+                        raise ValueError(f"node {c} repeats outcome {x} of an earlier sibling (without replacement)")
+                    left = ONE - sum((q[y] for y in removed), ZERO)
+                    qc = [ZERO if y in removed else q[y] / left for y in range(V)]
+                if qc[x] == 0:
+                    raise ValueError(f"node {c}: outcome {x} has draft probability 0 after {ctx}")
+                a = min(ONE, cur[x] / qc[x])
+                if a:
+                    walk([d for d in cands if tok[d] == x], (*acc, x), w * a)
+                w *= 1 - a
+                if w == 0:
+                    return
+                cur = residual(cur, qc)
+                removed.add(x)
+        for y, py in enumerate(cur):
+            if py:
+                out[(len(acc), y, _last(acc, last))] += w * py
+
+    walk([0], (), ONE)
+    return dict(sorted(out.items()))
+
+
+def _last(acc: Prefix, node: int) -> int:
+    return node if acc else 0
+
+
+def tree_round_law(
+    target: Conditional,
+    draft: Conditional,
+    V: int,
+    parent: Sequence[int],
+    prefix: Prefix = (),
+    replacement: bool = True,
+    rule: str = "token",
+    verify_replacement: bool | None = None,
+) -> SeqLaw:
+    """Law of the block one round of token-tree verification emits after ``prefix``: every
+    drafted tree (:func:`tree_drafts`) weighed by the law of the walk (:func:`tree_walk`); the
+    block is the accepted path's outcomes followed by the next outcome.
+
+    ``parent`` is the tree shape (``parent[0] = -1``, ``0 <= parent[i] < i``); ``replacement``:
+    children drafted i.i.d. (SpecInfer) or without replacement; ``rule``: ``"token"`` (recursive
+    rejection) or ``"greedy"``. ``verify_replacement`` (default ``replacement``) is what the
+    verifier assumes; setting it differently models the bug of verifying distinct siblings as if
+    they were i.i.d. Chain it with ``chain_joint_law(..., rule=lambda s: tree_round_law(..., prefix=s))``.
+
+    >>> F = Fraction
+    >>> T = lambda s: [F(1, 3), F(2, 3)] if s[-1:] == (0,) else [F(1, 2), F(1, 2)]
+    >>> D = lambda s: [F(3, 4), F(1, 4)]
+    >>> for shape in ([-1, 0, 0], [-1, 0, 0, 1, 2], [-1, 0, 1]):
+    ...     for repl in (True, False):
+    ...         law = chain_joint_law(T, D, V=2, L=3, k=0,
+    ...                               rule=lambda s: tree_round_law(T, D, 2, shape, s, repl))
+    ...         assert law == target_joint_law(T, V=2, L=3)
+    """
+    check_V(V)
+    if rule not in ("token", "greedy"):
+        raise ValueError(f"tree verification takes rule='token' (recursive rejection) or 'greedy', got {rule!r}")
+    par = check_parent(parent)
+    vr = replacement if verify_replacement is None else verify_replacement
+    T, D = Cond(target, V, "target"), Cond(draft, V, "draft")
+    out: SeqLaw = defaultdict(Fraction)
+    for tokens, valid, w in tree_drafts(D, V, par, prefix, replacement):
+        for (n, y, last), pw in tree_walk(T, D, V, par, tokens, valid, prefix, vr, rule).items():
+            out[(*_context(par, tokens, last, ())[:n], y)] += w * pw
+    return dict(sorted(out.items()))
