@@ -35,7 +35,16 @@ from speculate.stats import Stats
 from speculate.verify import RULES
 
 from .drafts import ModelDraft, make_draft
-from .inputs import eos_ids, ids_of, is_int, prompt_ids
+from .encoder_decoder import (
+    CachedSeq2Seq,
+    check_seq2seq,
+    decoder_length_limit,
+    encode,
+    is_encoder_decoder,
+    reads_encoder,
+    seq2seq_cache_bytes,
+)
+from .inputs import EncoderInputs, decoder_prompts, encoder_inputs, eos_ids, ids_of, is_int, prompt_ids
 from .kv_cache import (
     CachedModel,
     CacheMemoryError,
@@ -59,7 +68,9 @@ MAX_VOCAB_PADDING = 256
 class GenerationOutput:
     """The result of :meth:`SpeculativeGenerator.generate`.
 
-    ``sequences[r]``: prompt tokens of row ``r`` (padding removed) followed by its new tokens.
+    ``sequences[r]``: prompt tokens of row ``r`` (padding removed) followed by its new tokens; for
+    an encoder-decoder target, its decoder tokens (decoder start / ``decoder_input_ids``, then the
+    new tokens).
     ``stats``: the round loop's :class:`speculate.Stats` (``acceptance_rate``, ``alpha``,
     ``tokens_per_call``, ``accepted_per_position`` (the accepted-length histogram),
     ``draft_time``, ``target_time``, ...). ``prefill_time`` and ``wall_time`` are in seconds.
@@ -152,6 +163,12 @@ class SpeculativeGenerator:
     :func:`speculate.rounds.run`). ``tokenizer``, ``draft_tokenizer``: compared token by token
     with a draft model; with ``tokenizer``, :meth:`generate` also takes text. Models must be in
     eval mode (``.eval()``).
+
+    Encoder-decoder targets (``AutoModelForSeq2SeqLM``: T5, BART, mBART, Marian, ...; Whisper) take
+    as ``draft`` another encoder-decoder with the same vocabulary, a decoder that reads the target's
+    encoder output (``WhisperForCausalLM``, distil-whisper style), ``"ngram"`` (over the decoder
+    tokens, then the source ids) or ``"early-exit:N"`` (the first ``N`` decoder layers); see
+    :meth:`generate` for their inputs.
     """
 
     def __init__(self, target: Any, draft: Any, lookahead: int | str = 4, verify: str = "block",
@@ -169,11 +186,20 @@ class SpeculativeGenerator:
                 isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float, np.number))
                 or not 0.0 <= cost_ratio < float("inf")):
             raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio!r}")
-        check_model(target, "target")
+        self.seq2seq = reads_encoder(target)
+        if self.seq2seq and not is_encoder_decoder(target):
+            raise ValueError(
+                f"{type(target).__name__} is a decoder that reads another model's encoder output; it "
+                "cannot be the target on its own: use it as the draft of its encoder-decoder")
+        if self.seq2seq:
+            check_seq2seq(target, "target")
+        else:
+            check_model(target, "target")
         if isinstance(draft, torch.nn.Module):
             check_vocabularies(target, draft, tokenizer, draft_tokenizer)
         self.target = target
-        self._target_lm = CachedModel(target)
+        self._target_lm: CachedModel | CachedSeq2Seq = (
+            CachedSeq2Seq(target) if self.seq2seq else CachedModel(target))
         self.draft = make_draft(draft, target)
         self.lookahead = lookahead if lookahead == "auto" else int(lookahead)
         self.verify = verify
@@ -197,7 +223,8 @@ class SpeculativeGenerator:
         L = int(lens[r])
         total = L + n_new
         for model, role in self._models():
-            for limit, why in length_limits(model):
+            limits = decoder_length_limit(model) if reads_encoder(model) else length_limits(model)
+            for limit, why in limits:
                 if total > limit:
                     fix = (f"Lower max_new_tokens to {limit - L} or shorten the prompt" if limit > L
                            else f"Shorten the prompt to at most {limit - 1} tokens")
@@ -206,12 +233,18 @@ class SpeculativeGenerator:
                         f"tokens, more than the {role} ({type(model).__name__}) can decode: it has "
                         f"{why}. {fix} (generate the longer rows separately)")
 
-    def _check_memory(self, n_rows: int, capacity: int, spare: int) -> None:
+    def _check_memory(self, n_rows: int, capacity: int, spare: int, source: int = 0) -> None:
         """Refuse, before anything is allocated, a batch whose KV caches (and token buffer) need
-        more memory than the device they go to has available (:func:`available_memory`)."""
+        more memory than the device they go to has available (:func:`available_memory`).
+        ``source``: encoder positions per row (encoder-decoders: their cross-attention caches)."""
         need: dict[torch.device, list[tuple[str, int]]] = {}
         for model, role in self._models():
-            for dev, b in cache_bytes_by_device(model, n_rows, capacity + spare).items():
+            if reads_encoder(model):
+                b = seq2seq_cache_bytes(model, n_rows, capacity + spare, source)
+                per = {} if b is None else {next(model.parameters()).device: b}
+            else:
+                per = cache_bytes_by_device(model, n_rows, capacity + spare)
+            for dev, b in per.items():
                 need.setdefault(dev, []).append((f"{role} KV cache", b))
         need.setdefault(torch.device("cpu"), []).append(("token buffer", n_rows * capacity * 8))
         for dev, parts in need.items():
@@ -230,10 +263,31 @@ class SpeculativeGenerator:
                 f"tokens need {total / gib:.3g} GiB ({detail}) but {avail[0] / gib:.3g} GiB is "
                 f"available ({avail[1]}). {fix}")
 
+    def _source_length(self, enc: EncoderInputs) -> int:
+        """Encoder positions per row (what the cross-attention caches hold)."""
+        if "input_ids" in enc.tensors:
+            return int(enc.tensors["input_ids"].shape[1])
+        src = getattr(self.target.config, "max_source_positions", None)  # speech: after the convolutions
+        return int(src) if isinstance(src, int) else int(enc.tensors["input_features"].shape[-1])
+
+    def _encoders(self, enc: EncoderInputs) -> Any:
+        """The process's encode step: the target's encoder once per row, its output handed to the
+        target's cache and to the draft (which may run its own encoder on ``enc``)."""
+        lm = self._target_lm
+
+        def run_encoders() -> None:
+            state = encode(self.target, enc.tensors)
+            lm.encoder = state  # type: ignore[union-attr]
+            hook = getattr(self.draft, "encode", None)
+            if hook is not None:
+                hook(enc, state)
+
+        return run_encoders
+
     @torch.inference_mode()
     def generate(
         self,
-        input_ids: Any,
+        input_ids: Any = None,
         attention_mask: Any = None,
         max_new_tokens: int = 128,
         temperature: float = 1.0,
@@ -241,6 +295,13 @@ class SpeculativeGenerator:
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         rng: int | np.random.Generator | None = 0,
+        executor: Any = None,
+        shards: int | None = None,
+        rows_per_stream: int = 1,
+        *,
+        input_features: Any = None,
+        decoder_input_ids: Any = None,
+        decoder_attention_mask: Any = None,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` per row; each row stops at its first EOS.
 
@@ -258,7 +319,28 @@ class SpeculativeGenerator:
         (:class:`~speculate.domains.text.kv_cache.CacheMemoryError`) KV caches larger than the
         available memory. An exception during the rounds propagates with a note naming the phase,
         round and rows; the caches are released either way.
+
+        Encoder-decoder targets: ``input_ids`` (with ``attention_mask``) are the encoder's input for
+        text encoders, ``input_features`` ``[B, n_mels, frames]`` for speech encoders (Whisper); the
+        encoder runs once per row. ``decoder_input_ids`` (optional, with
+        ``decoder_attention_mask``; ragged lists allowed; one row is used for every row): each
+        row's decoder prompt (e.g. Whisper's language and task tokens), by default the decoder start
+        token. ``sequences`` then holds each row's decoder tokens, prompt first.
+
+        ``executor`` / ``shards`` (either one): the seed-stable sharded run of
+        :mod:`speculate.distributed` (one random stream per prompt; this generator is pickled with
+        each shard: see ``speculate.distributed.generate_sharded`` to build it once per worker).
         """
+        if (executor is not None or shards is not None) and self.seq2seq:
+            raise ValueError("executor= / shards= (speculate.distributed) take decoder-only targets; "
+                             f"{type(self.target).__name__} is an encoder-decoder")
+        if executor is not None or shards is not None:  # hook: speculate.distributed
+            from speculate.distributed.runners import generate_sharded
+
+            rows = [p.tolist() for p in prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer)]
+            return generate_sharded(self, rows, executor=executor, shards=shards, rows_per_stream=rows_per_stream,
+                                    rng=rng, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, eos_token_id=eos_token_id)
         t_start = time.perf_counter()
         cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         if not is_int(max_new_tokens) or max_new_tokens < 0:
@@ -269,7 +351,18 @@ class SpeculativeGenerator:
         rng = as_rng(rng)
         for model, role in self._models():  # .train() may have been called since __init__
             check_eval_mode(model, role)
-        prompts = prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer)
+        enc: EncoderInputs | None = None
+        if self.seq2seq:
+            enc = encoder_inputs(self.target, input_ids, attention_mask, input_features, self.tokenizer)
+            prompts = decoder_prompts(self.target, decoder_input_ids, decoder_attention_mask, enc.rows,
+                                      self.vocab)
+        else:
+            extra = [k for k, v in (("input_features", input_features), ("decoder_input_ids", decoder_input_ids),
+                                    ("decoder_attention_mask", decoder_attention_mask)) if v is not None]
+            if extra:
+                raise ValueError(f"{type(self.target).__name__} is a decoder-only LM: {', '.join(extra)} "
+                                 "belong to encoder-decoder targets; pass the prompt as input_ids")
+            prompts = prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer)
         if eos_token_id is None:
             gc = getattr(self.target, "generation_config", None)
             eos = eos_ids(getattr(gc, "eos_token_id", None), self.vocab,
@@ -283,10 +376,12 @@ class SpeculativeGenerator:
         spare = min(k_max, n_new) + 2
         if n_new > 0:
             self._check_lengths(prompts, n_new)
-            self._check_memory(len(prompts), max(len(p) for p in prompts) + n_new, spare)
+            source = 0 if enc is None else self._source_length(enc)
+            self._check_memory(len(prompts), max(len(p) for p in prompts) + n_new, spare, source)
         tokens = TokenBuffer.from_prompts(prompts, extra=n_new)  # the loop gives no row more
         process = TextProcess(target=self._target_lm, draft=self.draft, tokens=tokens, cfg=cfg,
-                              eos=eos, vocab=self.vocab)
+                              eos=eos, vocab=self.vocab,
+                              encode=None if enc is None else self._encoders(enc))
         stats, prefill = Stats(), 0.0
         if n_new > 0:
             try:

@@ -7,13 +7,15 @@ them with the exact law of :func:`~speculate.domains.text.continuation_law.conti
 >>> cases = conformance_cases()
 >>> [c.name for c in cases]                                   # doctest: +NORMALIZE_WHITESPACE
 ['text: model draft, block, T=0.8 top-k 6 top-p 0.9, EOS', 'text: n-gram draft, token, top-k 5',
- 'text: early-exit draft, block, T=1.2 top-k 6, auto lookahead']
+ 'text: early-exit draft, block, T=1.2 top-k 6, auto lookahead',
+ 'text: encoder-decoder (BART), encoder-decoder draft, block, top-k 3']
 >>> all(c.detectable_tv() <= DEFAULT_TV for c in cases)       # TV caught with probability 0.99
 True
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ import torch
 from .continuation_law import continuation_law
 from .sampling import SamplingConfig
 
-__all__ = ["DEFAULT_TV", "PROMPTS", "conformance_cases", "model_case", "tiny_llama"]
+__all__ = ["DEFAULT_TV", "PROMPTS", "conformance_cases", "encoder_decoder_case", "model_case", "tiny_llama"]
 
 #: three prompts of different lengths (rows get left-padded); the second repeats for n-gram lookups
 PROMPTS = ([1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2])
@@ -104,14 +106,64 @@ def model_case(name: str, target: Any, draft: Any, verify: str, cfg: SamplingCon
     return ConformanceCase(name=name, sample=sample, law=law, n=chi2_sample_size(tv, cells))
 
 
+def encoder_decoder_case(name: str, target: Any, draft: Any, verify: str, cfg: SamplingConfig,
+                         eos: list[int], lookahead: int | str, tv: float,
+                         sources: Sequence[tuple[Any, list[int]]], n_new: int = 2,
+                         alpha: float | None = None) -> Any:
+    """A case for an encoder-decoder ``target``: the outcome is (source index, first ``n_new``
+    tokens), the source drawn uniformly from ``sources`` and rows of every source mixed in every
+    batch. A source is (encoder input, decoder prompt): token ids (a list; rows are right-padded
+    with an attention mask) or features ``[F, T]`` (speech encoders), and the row's decoder prompt
+    (decoder start first; of different lengths, so that rows sit at different positions). The law
+    is :func:`continuation_law` of each source alone, by full forward passes. ``alpha``: the level
+    the sample size is computed for (default the suite's; lower for a Bonferroni correction)."""
+    from speculate.testing import DEFAULT_ALPHA, ConformanceCase, chi2_sample_size
+
+    from .api import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(target, draft, lookahead=lookahead, verify=verify)
+    speech = isinstance(sources[0][0], torch.Tensor)
+
+    def one(src: Any) -> dict[str, torch.Tensor]:
+        return {"input_features": src[None]} if speech else {"input_ids": torch.tensor([src])}
+
+    law = {(i, *s): w / len(sources) for i, (src, dec) in enumerate(sources)
+           for s, w in continuation_law(target, dec, n_new, cfg, eos, encoder_inputs=one(src)).items()}
+
+    def sample(count: int, seed: int) -> list[tuple[int, ...]]:
+        rng = np.random.default_rng(seed)
+        which = rng.integers(0, len(sources), count)
+        out: list[tuple[int, ...]] = []
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for lo in range(0, count, CHUNK):
+                part = which[lo : lo + CHUNK]
+                enc: dict[str, Any] = (
+                    {"input_features": torch.stack([sources[w][0] for w in part])} if speech
+                    else {"input_ids": [sources[w][0] for w in part]})
+                res = gen.generate(**enc, decoder_input_ids=[sources[w][1] for w in part],
+                                   max_new_tokens=n_new, rng=rng, temperature=cfg.temperature,
+                                   top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=eos)
+                out += [(int(w), *t) for w, t in zip(part, res.new_tokens, strict=True)]
+        finally:
+            torch.set_num_threads(threads)
+        return out
+
+    cells = sum(1 for w in law.values() if w > 0)
+    n = chi2_sample_size(tv, cells, alpha=DEFAULT_ALPHA if alpha is None else alpha)
+    return ConformanceCase(name=name, sample=sample, law=law, n=n)
+
+
 def conformance_cases(tv: float = DEFAULT_TV) -> list[Any]:
     """The text domain's cases for the shared exactness suite (``speculate.testing``).
 
     Each samples a batch of rows with prompts of different lengths through
     :class:`~speculate.domains.text.SpeculativeGenerator` on tiny random Llamas, and gives the exact law of
-    (prompt, first two tokens) from :func:`continuation_law`, with enough samples (60,000 to
+    (prompt, first two tokens) from :func:`continuation_law`, with enough samples (50,000 to
     90,000) to catch a deviation of total variation ``tv`` with probability 0.99 at level 1e-6
-    (``ConformanceCase.detectable_tv``). About 5-8 s of CPU each at the default 0.02.
+    (``ConformanceCase.detectable_tv``). About 5-8 s of CPU each at the default 0.02. The last case
+    is an encoder-decoder (BART) with rows of different encoder inputs in every batch.
     """
     return [
         _case("text: model draft, block, T=0.8 top-k 6 top-p 0.9, EOS", "model", "block",
@@ -120,4 +172,17 @@ def conformance_cases(tv: float = DEFAULT_TV) -> list[Any]:
               SamplingConfig(1.0, 5, None), [], 3, tv),
         _case("text: early-exit draft, block, T=1.2 top-k 6, auto lookahead", "early-exit:1",
               "block", SamplingConfig(1.2, 6, None), [], "auto", tv),
+        _seq2seq_case(tv),
     ]
+
+
+def _seq2seq_case(tv: float) -> Any:
+    """Two sources of different lengths (rows right-padded) with decoder prompts of 1 and 3 tokens,
+    a tiny random BART target and a perturbed copy as the draft (its own encoder): the law of
+    (source, first two tokens), 18 cells, about 52,000 rows at TV 0.02."""
+    from .families import family, perturbed, tiny_seq2seq
+
+    target = tiny_seq2seq(family("BART"), dtype=torch.float32)
+    return encoder_decoder_case(
+        "text: encoder-decoder (BART), encoder-decoder draft, block, top-k 3", target, perturbed(target),
+        "block", SamplingConfig(1.0, 3, None), [], 2, tv, [([4, 5, 6, 7, 8], [2]), ([9, 3, 3], [2, 5, 6])])

@@ -34,15 +34,23 @@ __all__ = ["continuation_law"]
 @torch.inference_mode()
 def continuation_law(
     model: Any, prompt: Sequence[int], n_new: int, cfg: SamplingConfig,
-    eos: Sequence[int] = (),
+    eos: Sequence[int] = (), encoder_inputs: dict[str, torch.Tensor] | None = None,
 ) -> dict[tuple[int, ...], float]:
     """Exact law of the first ``n_new`` generated tokens (a continuation stops at EOS).
 
     Every prefix of positive probability is scored by a full forward pass (one batch per depth)
-    of a float64 copy of ``model``; probabilities are the sampling transforms in float64.
+    of a float64 copy of ``model``; probabilities are the sampling transforms in float64. For an
+    encoder-decoder, ``encoder_inputs`` are one row's encoder inputs (``input_ids`` ``[1, S]``, or
+    ``input_features`` ``[1, F, T]``; no padding) and ``prompt`` its decoder prompt: the encoder
+    runs on them, and the decoder on every prefix.
     """
     m64 = copy.deepcopy(model).to(torch.float64).eval()
     dev = next(m64.parameters()).device
+    enc = None
+    if encoder_inputs is not None:
+        kw = {k: (v.to(dev, torch.float64) if v.is_floating_point() else v.to(dev))
+              for k, v in encoder_inputs.items()}
+        enc = m64.get_encoder()(**kw).last_hidden_state  # [1, S, D]
     stop = {int(e) for e in eos}
     law: dict[tuple[int, ...], float] = {}
     frontier: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
@@ -50,7 +58,11 @@ def continuation_law(
         if not frontier:
             break
         ids = torch.tensor([[*prompt, *s] for s, _ in frontier], device=dev)  # [F, L + depth]
-        logits = m64(input_ids=ids).logits[:, -1]  # [F, V]
+        if enc is None:
+            logits = m64(input_ids=ids).logits[:, -1]  # [F, V]
+        else:
+            hid = enc.expand(len(frontier), -1, -1)  # [F, S, D]
+            logits = m64(encoder_outputs=(hid,), decoder_input_ids=ids).logits[:, -1]  # [F, V]
         pr = probabilities(logits, cfg, dtype=torch.float64).cpu().numpy()  # [F, V]
         nxt = []
         for (seq, w), row in zip(frontier, pr, strict=True):

@@ -16,6 +16,16 @@ cannot use more drafts) and its own round ``state``, which the process hands bac
 - :class:`EarlyExitDraft` (``"early-exit:N"``): the target's first ``N`` layers, final norm and
   head (:func:`early_exit_model`), sharing the target's weights (no copy), run as a
   :class:`ModelDraft` with its own cache.
+
+For encoder-decoder targets (``encoder_decoder.py``) :func:`make_draft` gives their counterparts,
+each with an ``encode`` step run once per row before the first round:
+
+- :class:`Seq2SeqDraft`: another encoder-decoder with the same vocabulary (its own encoder, run
+  once per row), or a decoder that reads the target's encoder output (a distil-whisper
+  ``WhisperForCausalLM``; ``"early-exit:N"``: the target's first ``N`` decoder layers and head);
+- :class:`SourceNgramDraft` (``"ngram"``): prompt lookup over the decoder tokens, then, when they
+  have no match, over the row's encoder input ids (text encoders): the continuation of the latest
+  place in the source where the decoder's last tokens occur.
 """
 
 from __future__ import annotations
@@ -30,12 +40,31 @@ import torch
 
 from speculate.distributions import Categorical
 
+from .encoder_decoder import (
+    CachedSeq2Seq,
+    EncoderState,
+    check_seq2seq,
+    decoder_layers_path,
+    encode,
+    encoder_width,
+    is_encoder_decoder,
+    reads_encoder,
+)
+from .inputs import EncoderInputs
 from .kv_cache import advance_length, check_model, model_vocab_size, text_config
 from .lean_llama import lean_model
 from .process import Drafted, TokenBuffer
 from .sampling import SamplingConfig, probabilities
 
-__all__ = ["EarlyExitDraft", "ModelDraft", "NgramDraft", "early_exit_model", "make_draft"]
+__all__ = ["EarlyExitDraft", "ModelDraft", "NgramDraft", "Seq2SeqDraft", "SourceNgramDraft",
+           "early_exit_model", "make_draft"]
+
+
+def _unknown_id(model: Any, vocab: int) -> int:
+    """The id shown to a draft for tokens its vocabulary lacks (a padded-prefix vocabulary)."""
+    cfg = text_config(model.config)
+    return next((v for v in (getattr(cfg, "unk_token_id", None), getattr(cfg, "pad_token_id", None))
+                 if isinstance(v, int) and 0 <= v < vocab), 0)
 
 
 def _sample(q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -58,11 +87,7 @@ class ModelDraft:
         self.model = model
         self.lm = lean_model(model)  # a lean loop for Llama drafts (draft steps are mostly overhead)
         self.vocab = model_vocab_size(model)
-        cfg = text_config(model.config)
-        # tokens the draft lacks (a padded-prefix vocabulary) are shown to it as this id
-        unk = next((v for v in (getattr(cfg, "unk_token_id", None), getattr(cfg, "pad_token_id", None))
-                    if isinstance(v, int) and 0 <= v < self.vocab), 0)
-        self.unknown = unk
+        self.unknown = _unknown_id(model, self.vocab)
 
     def reset(self, tokens: TokenBuffer, capacity: int, spare: int = 0) -> None:
         B = len(tokens.n)
@@ -223,8 +248,11 @@ def _layer_path(model: Any) -> list[str]:
     return min(found, key=lambda s: s.count(".")).split(".")
 
 
-def early_exit_model(target: Any, n_layers: int) -> Any:
+def early_exit_model(target: Any, n_layers: int, path: list[str] | None = None) -> Any:
     """A causal LM made of ``target``'s first ``n_layers`` layers plus its final norm and head.
+
+    ``path``: the attribute path to the layer list to cut (default: the decoder layers of a causal
+    LM; an encoder-decoder passes its decoder's, :func:`decoder_layers_path`, and keeps its encoder).
 
     The parameters are the target's own tensors (shared, not copied): the result costs no memory
     and follows the target's device and dtype. The modules on the path to the layer list are
@@ -238,7 +266,8 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
     >>> len(d.model.layers), len(t.model.layers), d.lm_head.weight is t.lm_head.weight
     (1, 3, True)
     """
-    path = _layer_path(target)
+    own_configs = path is not None  # an encoder-decoder: its decoder stack may have its own config
+    path = path or _layer_path(target)
     owners = [target]
     for name in path[:-1]:
         owners.append(getattr(owners[-1], name))
@@ -252,6 +281,9 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
     cfg = copy.deepcopy(target.config)
     text = text_config(cfg)
     text.num_hidden_layers = n_layers
+    for attr in ("decoder_layers", "num_decoder_layers"):  # encoder-decoders: the decoder's depth
+        if isinstance(getattr(cfg, attr, None), int):
+            setattr(cfg, attr, n_layers)
     types = getattr(text, "layer_types", None)
     if types is not None and len(types) != n_layers:
         try:
@@ -264,7 +296,11 @@ def early_exit_model(target: Any, n_layers: int) -> Any:
         c = copy.copy(mod)
         c._modules = dict(mod._modules)
         if hasattr(mod, "config"):
-            c.config = text if mod.config is text_config(target.config) and mod is not target else cfg
+            if mod is not target and mod.config is text_config(target.config):
+                c.config = text
+            elif mod is target or mod.config is target.config or not own_configs:
+                c.config = cfg
+            # else: a decoder stack's own config (T5's is_decoder=True copy) is kept
         copies.append(c)
     for parent, child, name in zip(copies[:-1], copies[1:], path[:-1], strict=True):
         parent._modules[name] = child
@@ -290,12 +326,159 @@ class EarlyExitDraft(ModelDraft):
         self.n_layers = n_layers
 
 
+class Seq2SeqDraft(ModelDraft):
+    """A draft decoder with cross-attention, in a cache of its own (``CachedSeq2Seq``).
+
+    ``shares_encoder`` False: an encoder-decoder with its own encoder, run once per row on the
+    request's encoder inputs. True: a decoder that reads the target's encoder output (a
+    distil-whisper ``WhisperForCausalLM``, or the target's first decoder layers for early exit);
+    the target's encoder runs once for both.
+    """
+
+    def __init__(self, model: Any, shares_encoder: bool) -> None:
+        check_seq2seq(model, "draft")
+        self.model = model
+        self.lm = CachedSeq2Seq(model)
+        self.vocab = model_vocab_size(model)
+        self.unknown = _unknown_id(model, self.vocab)
+        self.shares_encoder = shares_encoder
+
+    def encode(self, inputs: EncoderInputs, target_state: EncoderState) -> None:
+        """Set every row's encoder output: the target's (moved to the draft's device), or the
+        draft's own encoder run once over ``inputs``."""
+        if self.shares_encoder:
+            dev = self.lm.device
+            self.lm.encoder = EncoderState(
+                target_state.hidden.to(dev),
+                None if target_state.mask is None else target_state.mask.to(dev))
+        else:
+            self.lm.encoder = encode(self.model, inputs.tensors)
+
+
+@nb.njit(cache=True, nogil=True)
+def _lookup_source(src, src_n, ids, n, rows, k, max_n, min_n):  # pragma: no cover - compiled
+    """Per row: up to k source tokens after the latest place in the source where the row's last
+    g tokens occur (g from max_n down to min_n)."""
+    R = rows.shape[0]
+    out = np.zeros((R, k), np.int64)
+    lengths = np.zeros(R, np.int64)
+    for i in range(R):
+        seq = ids[rows[i]]
+        L = n[rows[i]]
+        S = src_n[rows[i]]
+        s_ = src[rows[i]]
+        for g in range(min(max_n, L), min_n - 1, -1):
+            found = -1
+            for s in range(S - g - 1, -1, -1):  # source window s_[s:s+g], followed by s_[s+g]
+                same = True
+                for j in range(g):
+                    if s_[s + j] != seq[L - g + j]:
+                        same = False
+                        break
+                if same:
+                    found = s + g
+                    break
+            if found >= 0:
+                m = min(k, S - found)
+                for j in range(m):
+                    out[i, j] = s_[found + j]
+                lengths[i] = m
+                break
+    return out, lengths
+
+
+class SourceNgramDraft(NgramDraft):
+    """Prompt lookup for encoder-decoders: over the decoder tokens, then over the source ids.
+
+    A row whose decoder tokens have no earlier match of their last n tokens looks them up in its
+    encoder input ids (text encoders; speech encoders have no ids) and proposes what follows there,
+    as point masses. Rows are addressed by their index in the request, so dropping finished rows
+    needs nothing.
+    """
+
+    def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
+        super().__init__(max_n, min_n)
+        self.src: np.ndarray | None = None  # int64 [B, S]: source ids, left-aligned
+        self.src_n: np.ndarray | None = None  # int64 [B]
+
+    def encode(self, inputs: EncoderInputs, target_state: EncoderState) -> None:
+        if inputs.ids is None:
+            self.src = self.src_n = None
+            return
+        self.src_n = np.array([len(r) for r in inputs.ids], np.int64)
+        self.src = np.zeros((len(inputs.ids), int(self.src_n.max())), np.int64)
+        for r, ids in enumerate(inputs.ids):
+            self.src[r, : len(ids)] = ids
+
+    def release(self) -> None:
+        self.src = self.src_n = None
+
+    def propose(
+        self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray, cfg: SamplingConfig,
+        rng: np.random.Generator | None, vocab: int,
+    ) -> Drafted:
+        d = super().propose(rows, tokens, k, need, cfg, rng, vocab)
+        if self.src is None or k == 0 or d.lengths.all():
+            return d
+        rows = np.asarray(rows, np.int64)
+        out, lengths = _lookup_source(self.src, self.src_n, tokens.ids, tokens.n, rows, int(k),
+                                      self.max_n, self.min_n)
+        lengths = np.minimum(lengths, np.asarray(need, dtype=np.int64) - 1)
+        use = d.lengths == 0
+        return Drafted(np.where(use[:, None], out, d.outcomes), None, np.where(use, lengths, d.lengths))
+
+
+def _seq2seq_draft(draft: Any, target: Any) -> Seq2SeqDraft | SourceNgramDraft:
+    """The draft for an encoder-decoder ``target`` (see :func:`make_draft`)."""
+    tname = type(target).__name__
+    if isinstance(draft, str):
+        m = _NGRAM.match(draft)
+        if m:
+            n = int(m.group(1) or 3)
+            if n < 1:
+                raise ValueError(f"{draft!r}: N in 'ngram:N' (the longest n-gram looked up) must be >= 1")
+            return SourceNgramDraft(max_n=n)
+        m = _EARLY.match(draft)
+        if m:
+            path = decoder_layers_path(target)
+            return Seq2SeqDraft(early_exit_model(target, int(m.group(1)), path), shares_encoder=True)
+        raise ValueError(f"unknown draft {draft!r}: pass an encoder-decoder model, a decoder that "
+                         "reads the target's encoder (WhisperForCausalLM), 'ngram', 'ngram:N' or "
+                         "'early-exit:N'")
+    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
+        raise TypeError(f"draft must be a transformers model or a string, got {type(draft).__name__}")
+    dname = type(draft).__name__
+    if is_encoder_decoder(draft):
+        return Seq2SeqDraft(draft, shares_encoder=False)
+    if not reads_encoder(draft):
+        raise ValueError(
+            f"the draft {dname} is a decoder-only LM without cross-attention: it cannot read the "
+            f"input of the encoder-decoder target {tname}. Use an encoder-decoder draft with the "
+            "same vocabulary, a decoder that reads the target's encoder output (WhisperForCausalLM), "
+            "'ngram' or 'early-exit:N'")
+    wd, wt = encoder_width(draft), encoder_width(target)
+    if wd != wt:
+        raise ValueError(
+            f"the draft {dname} reads encoder outputs of width {wd} (config.d_model) but the "
+            f"target {tname}'s encoder produces width {wt}: a decoder that shares the target's "
+            "encoder must be trained on it (e.g. distil-whisper with its own teacher)")
+    return Seq2SeqDraft(draft, shares_encoder=True)
+
+
 _EARLY = re.compile(r"^early-exit:(\d+)$")
 _NGRAM = re.compile(r"^ngram(?::(\d+))?$")
 
 
 def make_draft(draft: Any, target: Any) -> ModelDraft | NgramDraft:
-    """The draft object for ``draft`` (a model, ``"ngram"``, ``"ngram:N"`` or ``"early-exit:N"``)."""
+    """The draft object for ``draft`` (a model, ``"ngram"``, ``"ngram:N"`` or ``"early-exit:N"``);
+    for an encoder-decoder ``target``, their encoder-decoder counterparts."""
+    if reads_encoder(target):
+        return _seq2seq_draft(draft, target)
+    if isinstance(draft, torch.nn.Module) and hasattr(draft, "config") and reads_encoder(draft):
+        raise ValueError(
+            f"the draft {type(draft).__name__} reads an encoder's output but the target "
+            f"{type(target).__name__} is a decoder-only LM: an encoder-decoder draft needs an "
+            "encoder-decoder target")
     if isinstance(draft, str):
         m = _NGRAM.match(draft)
         if m:

@@ -1,4 +1,4 @@
-"""Every decoder-only family the text domain was tried on: what works, what was fixed, what is refused.
+"""Every family the text domain was tried on: what works, what was fixed, what is refused.
 
 :data:`FAMILIES` is the table of ``domains/text/README.md`` (a test keeps the two equal): per
 transformers family, its status with :class:`~speculate.domains.text.SpeculativeGenerator` and the
@@ -9,9 +9,13 @@ left-padded batch; the exact law of the first two sampled tokens for the token a
 every row marked ``refused`` raises the ``ValueError`` whose message matches ``refusal``, before
 any work.
 
+:data:`ENCODER_DECODER` is the same for encoder-decoder families (``tiny_seq2seq`` builds them);
+``tests/text/test_text_encoder_decoder.py`` walks it with different encoder inputs per row.
+:func:`markdown_table` renders both tables, decoder-only rows first.
+
 Status: ``works``: exact before this table was made; ``fixed``: refused or wrong before (sliding
-windows past the window, ALiBi in ragged batches, recurrent layers), exact now; ``refused``: a
-clear error naming the family and the reason.
+windows past the window, ALiBi in ragged batches, recurrent layers, encoder-decoders), exact now;
+``refused``: a clear error naming the family and the reason.
 
 >>> fam = family("mamba")
 >>> fam.status, fam.model_class
@@ -28,7 +32,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["FAMILIES", "Family", "family", "markdown_table", "perturbed", "tiny_model"]
+__all__ = ["ENCODER_DECODER", "FAMILIES", "Family", "family", "markdown_table", "perturbed", "tiny_model",
+           "tiny_seq2seq"]
 
 #: the sizes every tiny model shares (family configs override what they name differently)
 COMMON: dict[str, Any] = dict(
@@ -162,9 +167,53 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+#: sizes of the tiny BART-like encoder-decoders (BART, mBART, Marian, ...): ids 0..2 are BOS, pad, EOS
+SEQ2SEQ: dict[str, Any] = dict(
+    vocab_size=16, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+    bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+    tie_word_embeddings=False)
+_T5 = dict(vocab_size=16, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+           relative_attention_num_buckets=8, relative_attention_max_distance=16, pad_token_id=0,
+           eos_token_id=1, decoder_start_token_id=0)
+_WHISPER = dict(vocab_size=16, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=2,
+                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                max_source_positions=8, max_target_positions=64, bos_token_id=0, pad_token_id=1, eos_token_id=2,
+                decoder_start_token_id=3, suppress_tokens=None, begin_suppress_tokens=None)
+
+#: encoder-decoder families: the encoder runs once per row, the decoder in the position-indexed cache
+#: with cross-attention keys and values cached per row (``encoder_decoder.py``)
+ENCODER_DECODER: tuple[Family, ...] = (
+    Family("T5", "t5", "T5ForConditionalGeneration", "fixed", "encoder-decoder; relative position bias per row",
+           dict(_T5)),
+    Family("Flan-T5 (T5 v1.1)", "t5", "T5ForConditionalGeneration", "fixed",
+           "encoder-decoder; gated-GELU, untied head", dict(_T5, feed_forward_proj="gated-gelu",
+                                                            tie_word_embeddings=False)),
+    Family("BART", "bart", "BartForConditionalGeneration", "fixed", "encoder-decoder; learned positions per row",
+           dict(SEQ2SEQ)),
+    Family("mBART", "mbart", "MBartForConditionalGeneration", "fixed", "encoder-decoder; learned positions per row",
+           dict(SEQ2SEQ)),
+    Family("Marian", "marian", "MarianMTModel", "fixed", "encoder-decoder; sinusoidal positions per row",
+           dict(SEQ2SEQ, decoder_vocab_size=16, pad_token_id=15, decoder_start_token_id=15)),
+    Family("Whisper", "whisper", "WhisperForConditionalGeneration", "fixed",
+           "speech encoder (input_features); learned positions per row", dict(_WHISPER)),
+    Family("ProphetNet", "prophetnet", "ProphetNetForConditionalGeneration", "refused",
+           "n-stream decoder: no known position scheme",
+           dict(vocab_size=16, hidden_size=32, encoder_ffn_dim=64, decoder_ffn_dim=64, num_encoder_layers=2,
+                num_decoder_layers=2, num_encoder_attention_heads=4, num_decoder_attention_heads=4,
+                pad_token_id=0, eos_token_id=2, decoder_start_token_id=0),
+           refusal=r"ProphetNetForConditionalGeneration.*positions"),
+    Family("M2M100 / NLLB", "m2m_100", "M2M100ForConditionalGeneration", "refused",
+           "positions from padding ids: no known position scheme", dict(SEQ2SEQ),
+           refusal=r"M2M100ForConditionalGeneration.*positions"),
+)
+#: how each family's config scales its initialisation (T5: a factor on its own per-layer stds)
+_INIT = {"t5": ("initializer_factor", 5.0)}
+
+
 def family(key: str) -> Family:
     """The row whose ``model_type`` (first match) or ``name`` is ``key``."""
-    for f in FAMILIES:
+    for f in FAMILIES + ENCODER_DECODER:
         if key in (f.model_type, f.name):
             return f
     raise KeyError(key)
@@ -197,8 +246,25 @@ def perturbed(model: Any, scale: float = 0.3, seed: int = 1) -> Any:
     return d
 
 
+def tiny_seq2seq(fam: Family, seed: int = 0, dtype: torch.dtype = torch.float64, init_std: float = 0.3) -> Any:
+    """A random encoder-decoder of ``fam`` (a row of :data:`ENCODER_DECODER`) in eval mode and ``dtype``.
+
+    ``init_std`` 0.3 (15x the usual; T5: ``initializer_factor`` 1.5) makes the decoder's law depend
+    clearly on the encoder input (total variation 0.1 to 0.5 between the first-token laws of
+    different sources), so that a row that read another row's encoder output would be caught.
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    key, scale = _INIT.get(fam.model_type, ("init_std", 1.0))
+    cfg = AutoConfig.for_model(fam.model_type, **{**fam.config, key: init_std * scale})
+    torch.manual_seed(seed)
+    model = getattr(transformers, fam.model_class)(cfg)
+    return model.to(dtype).eval()
+
+
 def markdown_table() -> str:
     """The table of ``domains/text/README.md`` (family, class, status, mechanism or reason)."""
     rows = ["| family | transformers class | status | how / why |", "|---|---|---|---|"]
-    rows += [f"| {f.name} | `{f.model_class}` | {f.status} | {f.note} |" for f in FAMILIES]
+    rows += [f"| {f.name} | `{f.model_class}` | {f.status} | {f.note} |" for f in FAMILIES + ENCODER_DECODER]
     return "\n".join(rows)

@@ -2,9 +2,12 @@
 
 Prompts are token ids (a ``[B, L]`` tensor or array with an ``attention_mask`` marking left or
 right padding, or lists of ids of any lengths) or, with a tokenizer, text; EOS ids must lie in the
-vocabulary. Everything else is refused with a message that names the problem and the fix: text
-without a tokenizer, float or nested ids, masks with holes or values other than 0/1, empty
-prompts, ids outside the vocabulary.
+vocabulary. Encoder-decoder targets take encoder inputs (:func:`encoder_inputs`: token ids with
+their mask for text encoders, ``input_features`` for speech encoders) and optional decoder prompts
+(:func:`decoder_prompts`; default: the decoder start token). Everything else is refused with a
+message that names the problem and the fix: text without a tokenizer, float or nested ids, masks
+with holes or values other than 0/1, empty prompts, ids outside the vocabulary, the wrong kind of
+encoder input for the family.
 
 >>> prompt_ids(torch.tensor([[0, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]]), vocab=10)
 [array([5, 6]), array([7, 8, 9])]
@@ -15,12 +18,16 @@ prompts, ids outside the vocabulary.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["eos_ids", "ids_of", "is_int", "prompt_ids"]
+from .encoder_decoder import speech_encoder
+
+__all__ = ["EncoderInputs", "decoder_prompts", "encoder_inputs", "eos_ids", "ids_of", "is_int",
+           "prompt_ids"]
 
 
 def ids_of(x: Any) -> set[int]:
@@ -176,3 +183,123 @@ def prompt_ids(input_ids: Any, attention_mask: Any, vocab: int,
                              f"(e.g. {int(r[(r < 0) | (r >= vocab)][0])}): the target has {vocab} logits")
         out.append(r.astype(np.int64))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# encoder-decoder requests
+
+
+@dataclass
+class EncoderInputs:
+    """What the encoders of an encoder-decoder request read, checked."""
+
+    tensors: dict[str, torch.Tensor]  #: ``input_ids`` + ``attention_mask`` [B, S], or ``input_features`` [B, F, T]
+    ids: list[np.ndarray] | None  #: each row's source ids without padding (text encoders), for prompt lookup
+    rows: int  #: B
+
+
+def _features(model: Any, input_features: Any) -> torch.Tensor:
+    name, cfg = type(model).__name__, model.config
+    if isinstance(input_features, np.ndarray):
+        input_features = torch.from_numpy(input_features)
+    if not isinstance(input_features, torch.Tensor):
+        raise TypeError(f"input_features must be a float tensor [B, n_mels, frames] (from {name}'s "
+                        f"feature extractor), got {type(input_features).__name__}")
+    f = input_features.detach()
+    f = f[None] if f.ndim == 2 else f
+    if f.ndim != 3 or not f.is_floating_point():
+        raise ValueError(f"input_features must be a float tensor [B, n_mels, frames], got shape "
+                         f"{tuple(f.shape)} and dtype {f.dtype}")
+    mels = getattr(cfg, "num_mel_bins", None)
+    if isinstance(mels, int) and f.shape[1] != mels:
+        raise ValueError(f"input_features has {f.shape[1]} feature bins but {name} reads "
+                         f"num_mel_bins={mels}")
+    src = getattr(cfg, "max_source_positions", None)
+    if getattr(cfg, "model_type", "") == "whisper" and isinstance(src, int) and f.shape[2] != 2 * src:
+        raise ValueError(f"input_features has {f.shape[2]} frames but {name} reads exactly "
+                         f"{2 * src} (2 x max_source_positions): pad or cut the audio's features to "
+                         "that length, as its feature extractor does")
+    if not bool(torch.isfinite(f).all()):
+        raise ValueError("input_features holds NaN or inf")
+    return f
+
+
+def encoder_inputs(model: Any, input_ids: Any, attention_mask: Any, input_features: Any,
+                   tokenizer: Any = None) -> EncoderInputs:
+    """The encoder inputs of a request to the encoder-decoder ``model``, checked before any work.
+
+    Text encoders take ``input_ids`` (a ``[B, S]`` tensor or array, kept as given with its
+    ``attention_mask``, or lists of ids, right-padded here; text with a tokenizer); speech encoders
+    (Whisper) ``input_features``. Mixing the two, or giving the kind the encoder does not read, is a
+    ``ValueError`` naming the family.
+    """
+    name = type(model).__name__
+    if input_ids is not None and input_features is not None:
+        raise ValueError(f"pass either input_ids (text encoders) or input_features (speech encoders), "
+                         f"not both: {name} has one encoder")
+    if speech_encoder(model):
+        if input_ids is not None:
+            raise ValueError(f"{name} has a speech encoder: pass input_features= (log-mel features "
+                             "[B, n_mels, frames] from its feature extractor), not input_ids; a "
+                             "decoder prompt goes in decoder_input_ids=")
+        if input_features is None:
+            raise ValueError(f"{name} has a speech encoder: pass input_features= [B, n_mels, frames]")
+        if attention_mask is not None:
+            raise ValueError(f"attention_mask goes with input_ids; {name} reads every frame of "
+                             "input_features (drop attention_mask)")
+        f = _features(model, input_features)
+        return EncoderInputs({"input_features": f}, None, int(f.shape[0]))
+    if input_features is not None:
+        raise ValueError(f"{name} has a text encoder: pass input_ids= (and attention_mask=), not "
+                         "input_features")
+    if input_ids is None:
+        raise ValueError(f"{name} is an encoder-decoder: pass the encoder's token ids as input_ids= "
+                         "(and attention_mask=)")
+    enc = model.get_encoder().get_input_embeddings()
+    vocab = int(enc.weight.shape[0])
+    rows = prompt_ids(input_ids, attention_mask, vocab, tokenizer)
+    if isinstance(input_ids, (torch.Tensor, np.ndarray)) and np.ndim(input_ids) == 2:
+        ids = torch.as_tensor(np.asarray(input_ids.detach().cpu() if isinstance(input_ids, torch.Tensor)
+                                         else input_ids), dtype=torch.long)
+        mask = (torch.ones_like(ids) if attention_mask is None else
+                torch.as_tensor(np.asarray(attention_mask.detach().cpu() if isinstance(attention_mask, torch.Tensor)
+                                           else attention_mask)).long().reshape(ids.shape))
+    else:  # lists of ids: right-padded (positions start at 0 in every row)
+        pad = getattr(model.config, "pad_token_id", None)
+        pad = pad if is_int(pad) and 0 <= pad < vocab else 0
+        S = max(len(r) for r in rows)
+        ids = torch.full((len(rows), S), int(pad), dtype=torch.long)
+        mask = torch.zeros((len(rows), S), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.from_numpy(r)
+            mask[i, : len(r)] = 1
+    return EncoderInputs({"input_ids": ids, "attention_mask": mask}, rows, len(rows))
+
+
+def decoder_prompts(model: Any, decoder_input_ids: Any, decoder_attention_mask: Any, rows: int,
+                    vocab: int) -> list[np.ndarray]:
+    """Each row's decoder prompt, checked: ``decoder_input_ids`` (ragged lists, or a ``[B, L]``
+    tensor with ``decoder_attention_mask``; one row is repeated for every row), else the model's
+    decoder start token (``generation_config.decoder_start_token_id``, then the config's)."""
+    name = type(model).__name__
+    if decoder_input_ids is None:
+        if decoder_attention_mask is not None:
+            raise ValueError("decoder_attention_mask goes with decoder_input_ids")
+        gc = getattr(model, "generation_config", None)
+        start = getattr(gc, "decoder_start_token_id", None)
+        start = start if start is not None else getattr(model.config, "decoder_start_token_id", None)
+        start = start[0] if isinstance(start, (list, tuple)) and start else start
+        if not is_int(start) or not 0 <= start < vocab:
+            raise ValueError(f"{name} has no usable decoder_start_token_id ({start!r}): pass "
+                             "decoder_input_ids= (each row's first decoder tokens)")
+        return [np.array([int(start)], np.int64) for _ in range(rows)]
+    try:
+        prompts = prompt_ids(decoder_input_ids, decoder_attention_mask, vocab)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"decoder_input_ids: {e}") from None
+    if len(prompts) == 1 and rows > 1:
+        prompts = prompts * rows
+    if len(prompts) != rows:
+        raise ValueError(f"decoder_input_ids has {len(prompts)} rows but the encoder inputs have "
+                         f"{rows}: give one decoder prompt per row (or one for all)")
+    return prompts

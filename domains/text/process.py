@@ -118,7 +118,9 @@ class TextProcess:
     """B token sequences, the target's cache and a draft, driven by ``speculate.rounds.run``.
 
     Rows finish when the loop has given them their tokens or at an EOS id of ``eos`` (int64
-    ``[E]``; empty: never).
+    ``[E]``; empty: never). ``encode``: for encoder-decoder targets, run once by :meth:`start`
+    before the caches are filled (it runs the encoders and hands each row's encoder output to the
+    target's and the draft's caches; counted in ``prefill_time``).
     """
 
     target: CachedModel
@@ -128,6 +130,7 @@ class TextProcess:
     eos: np.ndarray  # int64 [E]
     vocab: int
     prefill_time: float = 0.0
+    encode: Any = None  # Callable[[], None]: encoder-decoder targets only
     live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows in the caches
 
     def start(self, spare: int = 2) -> None:
@@ -140,6 +143,8 @@ class TextProcess:
         capacity = self.tokens.ids.shape[1]
         self.live = np.arange(B, dtype=np.int64)
         t0 = time.perf_counter()
+        if self.encode is not None:
+            self.encode()
         self.target.reset(B, capacity, spare)
         m = int(self.tokens.n.max()) - 1
         if m > 0:

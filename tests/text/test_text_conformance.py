@@ -31,7 +31,7 @@ def test_default_cases_catch_tv_002():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("i", range(3))
+@pytest.mark.parametrize("i", range(4))
 def test_text_conformance_at_tv_001(i):
     case = _cases(0.01)[i]
     assert case.detectable_tv(alpha=ALPHA) <= 0.01, case.name

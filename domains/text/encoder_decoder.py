@@ -1,0 +1,435 @@
+"""Encoder-decoder models in the position-indexed cache: :class:`CachedSeq2Seq` and its probe.
+
+An encoder-decoder (T5 / Flan-T5, BART / mBART, Marian, Whisper, and any ``AutoModelForSeq2SeqLM``
+whose decoder takes its positions from one of the schemes below) decodes like a causal LM whose
+layers also read a fixed memory per row, the encoder's output. So:
+
+- the encoder runs once per row (:func:`encode`, before the first round); its output and the
+  encoder's padding mask (:class:`EncoderState`) stay with the row, and follow it when finished
+  rows are dropped (:meth:`CachedSeq2Seq.select`);
+- the decoder's self-attention keys and values live in the position-indexed cache of
+  ``kv_cache.py`` (row ``r``'s token at position ``p`` in slot ``p``; rollback by length, free);
+- its cross-attention keys and values are computed once per row, by the first forward after
+  :meth:`CachedSeq2Seq.reset`, and reused every round: the self-attention cache and a
+  ``DynamicCache`` of cross-attention keys travel together in transformers' ``EncoderDecoderCache``,
+  whose ``is_updated`` flags tell each layer to reuse them.
+
+Decoders do not all take ``position_ids``, so when rows start at different slots (or a padded column
+of a block lies past a table of learned positions) each row's positions are put in by scheme, for
+the duration of one forward: learned or sinusoidal position tables (``decoder.embed_positions``:
+BART, mBART, Marian, Whisper, Pegasus, M2M100, ...) are read at the rows' positions, and T5's
+relative position bias is computed per row from slots (``compute_bias`` of the layers that own
+one). When all rows start at the same slot (always at batch 1) the model runs unchanged with its
+own causal mask. :func:`check_seq2seq` compares cached, ragged, rolled-back and row-selected
+logits with full forward passes once per model, and refuses a model that does not match with a
+``ValueError`` naming the family.
+
+A decoder that reads another model's encoder (a distil-whisper draft, loaded as
+``WhisperForCausalLM``) runs in the same cache, with the target's :class:`EncoderState`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
+
+from .attention_masks import LayerPlan, masks
+from .kv_cache import _RowLayer, _Slots, check_eval_mode, model_vocab_size
+
+__all__ = [
+    "CachedSeq2Seq",
+    "EncoderState",
+    "check_seq2seq",
+    "decoder_layers_path",
+    "decoder_length_limit",
+    "encode",
+    "encoder_width",
+    "is_encoder_decoder",
+    "reads_encoder",
+    "seq2seq_cache_bytes",
+    "speech_encoder",
+]
+
+_FULL = LayerPlan(types=("full_attention",), window=None, chunk=None, by_type=False)
+
+
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` has an encoder of its own (``config.is_encoder_decoder``)."""
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def reads_encoder(model: Any) -> bool:
+    """Whether ``model``'s decoder has cross-attention: an encoder-decoder, or a decoder that reads
+    another model's encoder output (``WhisperForCausalLM``)."""
+    if is_encoder_decoder(model):
+        return True
+    if not isinstance(model, torch.nn.Module):
+        return False
+    return any(name.endswith(("encoder_attn", "EncDecAttention")) for name, _ in model.named_modules())
+
+
+def speech_encoder(model: Any) -> bool:
+    """Whether the encoder reads ``input_features`` (Whisper, Speech2Text) instead of token ids."""
+    return getattr(model, "main_input_name", "input_ids") == "input_features"
+
+
+def encoder_width(model: Any) -> int | None:
+    """The width of the encoder output ``model`` produces (encoder-decoders) or reads (a decoder with
+    cross-attention), from its config; None when the config does not say."""
+    cfg = model.config
+    for attr in ("d_model", "hidden_size"):
+        v = getattr(cfg, attr, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+@dataclass
+class EncoderState:
+    """The encoder output of every row, computed once per row and kept while the row decodes."""
+
+    hidden: torch.Tensor  #: [B, S, D] the encoder's last hidden states
+    mask: torch.Tensor | None  #: [B, S] 1 for source tokens, 0 for padding; None: every frame (speech)
+
+    def select(self, idx: torch.Tensor) -> EncoderState:
+        """The rows ``idx`` (a LongTensor of local indices)."""
+        return EncoderState(self.hidden[idx.to(self.hidden.device)],
+                            None if self.mask is None else self.mask[idx.to(self.mask.device)])
+
+
+@torch.inference_mode()
+def encode(model: Any, inputs: dict[str, torch.Tensor]) -> EncoderState:
+    """Run ``model``'s encoder once over the batch ``inputs`` (``input_ids`` and ``attention_mask``,
+    or ``input_features``), on the encoder's device."""
+    enc = model.get_encoder()
+    dev = next(enc.parameters()).device
+    dtype = next(enc.parameters()).dtype
+    kw = {k: (v.to(dev, dtype) if v.is_floating_point() else v.to(dev)) for k, v in inputs.items()}
+    out = enc(**kw)
+    return EncoderState(out.last_hidden_state, kw.get("attention_mask"))
+
+
+def _decoder(model: Any) -> Any:
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if dec is None:
+        raise ValueError(f"{type(model).__name__} has no decoder (get_decoder())")
+    return getattr(dec, "decoder", dec)  # WhisperForCausalLM: get_decoder() may be a wrapper
+
+
+def decoder_layers_path(model: Any) -> list[str]:
+    """Attribute path from ``model`` to its decoder's layer ``ModuleList`` (e.g.
+    ``["model", "decoder", "layers"]``, T5: ``["decoder", "block"]``)."""
+    dec = _decoder(model)
+    name = next((n for n, m in model.named_modules() if m is dec), None)
+    attr = next((a for a in ("layers", "block") if isinstance(getattr(dec, a, None), torch.nn.ModuleList)),
+                None)
+    if name is None or attr is None:
+        raise ValueError(f"{type(model).__name__}: its decoder's layers are not one ModuleList "
+                         "('layers' or 'block')")
+    return [*name.split("."), attr] if name else [attr]
+
+
+@dataclass(frozen=True)
+class _Positions:
+    """How the decoder takes positions: a table read at position + offset, or relative biases."""
+
+    table: Any  #: the decoder's ``embed_positions`` module (an Embedding), or None
+    offset: int  #: BART/mBART keep 2 rows before position 0
+    biased: tuple[Any, ...]  #: T5-style attention modules that own a relative position bias
+
+    @property
+    def limit(self) -> int | None:
+        """Positions the table has (None: computed or relative positions, no limit)."""
+        if self.table is None or not hasattr(self.table, "weight"):
+            return None
+        return int(self.table.weight.shape[0]) - self.offset
+
+
+def _positions(model: Any) -> _Positions:
+    dec = _decoder(model)
+    table = getattr(dec, "embed_positions", None)
+    if table is not None and not isinstance(table, torch.nn.Embedding):
+        table = None
+    biased = tuple(m for m in dec.modules() if callable(getattr(m, "compute_bias", None))
+                   and getattr(m, "has_relative_attention_bias", False)
+                   and hasattr(m, "_relative_position_bucket"))
+    if table is None and not biased:
+        raise ValueError(
+            f"{type(model).__name__}: speculate's text domain does not know how its decoder takes "
+            "positions (no embed_positions table, no T5-style relative bias), so ragged rows "
+            "cannot be decoded in one batch")
+    return _Positions(table=table, offset=int(getattr(table, "offset", 0) or 0), biased=biased)
+
+
+def decoder_length_limit(model: Any) -> list[tuple[int, str]]:
+    """The longest decoder sequence (prompt plus new tokens) ``model`` can decode, with the reason."""
+    n = _positions(model).limit
+    return [] if n is None else [(n, f"{n} learned decoder positions")]
+
+
+@contextlib.contextmanager
+def _at_positions(scheme: _Positions, pos: torch.Tensor) -> Iterator[None]:
+    """Give the decoder the positions ``pos`` ``[R, W]`` (per row) for one forward."""
+    handles: list[Any] = []
+    try:
+        if scheme.table is not None:
+            def table_hook(module: Any, args: Any, out: torch.Tensor) -> torch.Tensor:
+                w = module.weight
+                return torch.nn.functional.embedding(pos.to(w.device) + scheme.offset, w).to(out.dtype)
+
+            handles.append(scheme.table.register_forward_hook(table_hook))
+        for attn in scheme.biased:
+            def bias(query_length: int, key_length: int, device: Any = None, *args: Any,
+                     _a: Any = attn, **kwargs: Any) -> torch.Tensor:
+                dev = _a.relative_attention_bias.weight.device
+                p = pos.to(dev)
+                rel = torch.arange(key_length, device=dev)[None, None, :] - p[:, :, None]  # [R, W, K]
+                bucket = _a._relative_position_bucket(
+                    rel, bidirectional=not _a.is_decoder, num_buckets=_a.relative_attention_num_buckets,
+                    max_distance=_a.relative_attention_max_distance)
+                return _a.relative_attention_bias(bucket).permute(0, 3, 1, 2)  # [R, H, W, K]
+
+            attn.compute_bias = bias
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for attn in scheme.biased:
+            attn.__dict__.pop("compute_bias", None)
+
+
+class CachedSeq2Seq:
+    """A decoder with cross-attention plus its caches for a batch of rows (see the module doc).
+
+    The interface of :class:`~speculate.domains.text.kv_cache.CachedModel` (``reset``, ``forward``,
+    ``keep``, ``select``, ``release``, ``length``), plus ``encoder``: the rows'
+    :class:`EncoderState`, set before :meth:`reset` (by :func:`encode`, or shared with the target for
+    a draft that reads the target's encoder) and selected with the rows.
+    """
+
+    def __init__(self, model: Any) -> None:
+        name = type(model).__name__
+        impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(f"{name}: attention implementation {impl!r} is not supported by speculate's "
+                             "text domain: load the model with attn_implementation='sdpa' or 'eager'")
+        if not reads_encoder(model):
+            raise ValueError(f"{name} has no cross-attention: it is not an encoder-decoder")
+        self.model = model
+        self.seq2seq = is_encoder_decoder(model)
+        path = decoder_layers_path(model)
+        layers = model
+        for a in path:
+            layers = getattr(layers, a)
+        self.n_layers = len(layers)
+        self.positions = _positions(model)
+        self.max_pos = self.positions.limit
+        self.float_mask = impl == "eager"
+        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.encoder: EncoderState | None = None
+        self.length = np.zeros(0, np.int64)
+        self.slots = _Slots(0)
+        self.cache: EncoderDecoderCache | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
+        """Empty caches for ``batch`` rows (whose encoder state is already set)."""
+        if self.encoder is None or self.encoder.hidden.shape[0] != batch:
+            raise RuntimeError("set the encoder state of every row before reset()")
+        self.slots = _Slots(capacity + spare)
+        own = Cache(layers=[_RowLayer(self.slots) for _ in range(self.n_layers)])
+        self.cache = EncoderDecoderCache(own, DynamicCache())
+        self.length = np.zeros(batch, np.int64)
+
+    def release(self) -> None:
+        """Free the caches and the encoder state."""
+        self.cache, self.encoder = None, None
+        self.slots = _Slots(0)
+        self.length = np.zeros(0, np.int64)
+
+    def ensure_capacity(self, capacity: int) -> None:
+        self.slots.capacity = max(self.slots.capacity, capacity)
+
+    @torch.inference_mode()
+    def select(self, keep: np.ndarray) -> None:
+        """Keep only the rows ``keep`` (local indices, increasing): caches and encoder states."""
+        idx = torch.as_tensor(keep, dtype=torch.long, device=self.device)
+        assert self.cache is not None and self.encoder is not None
+        self.cache.self_attention_cache.batch_select_indices(idx)
+        self.cache.cross_attention_cache.batch_select_indices(idx)
+        self.encoder = self.encoder.select(idx)
+        self.length = self.length[keep]
+
+    def keep(self, n: np.ndarray) -> None:
+        """Commit ``n[r]`` more tokens of row ``r``."""
+        self.length += np.asarray(n, dtype=np.int64)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False,
+                valid: np.ndarray | None = None) -> torch.Tensor:
+        """Logits ``[R, W, V]`` of decoder ``tokens`` ``[R, W]`` written at slots ``start[r] + j``
+        (``valid`` is accepted for the interface: padded columns are never kept)."""
+        W = tokens.shape[1]
+        dev = self.device
+        start = np.asarray(start, dtype=np.int64)
+        s = self.slots
+        top = int(start.max()) + W
+        s.capacity = max(s.capacity, top)
+        s.kv_len = top
+        uniform = bool((start == start[0]).all()) and (self.max_pos is None or top <= self.max_pos)
+        mask: Any = None
+        pos = None
+        if uniform:  # the model's own causal mask and positions (from the cache's length)
+            s.uniform, s.index = int(start[0]), None
+        else:
+            pos = torch.as_tensor(start, device=dev)[:, None] + torch.arange(W, device=dev)[None, :]  # [R, W]
+            s.uniform, s.index = None, pos[:, None, :, None]  # [R, 1, W, 1]
+            dtype = next(self.model.parameters()).dtype if self.float_mask else None
+            mask = masks(_FULL, pos, top, dtype)  # [R, 1, W, top]
+            if self.max_pos is not None:
+                pos = pos.clamp(max=self.max_pos - 1)  # padded columns past the table: never used
+        enc = self.encoder
+        assert enc is not None
+        kw: dict[str, Any] = dict(past_key_values=self.cache, use_cache=True)
+        if last_only and self._has_logits_to_keep:
+            kw["logits_to_keep"] = 1
+        with _at_positions(self.positions, pos) if pos is not None else contextlib.nullcontext():
+            if self.seq2seq:
+                out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=enc.hidden),
+                                 attention_mask=enc.mask, decoder_input_ids=tokens.to(dev),
+                                 decoder_attention_mask=mask, **kw)
+            else:
+                out = self.model(input_ids=tokens.to(dev), attention_mask=mask,
+                                 encoder_outputs=enc.hidden, **kw)
+        logits = out.logits
+        if last_only and logits.shape[1] > 1:
+            logits = logits[:, -1:]
+        return logits
+
+
+def seq2seq_cache_bytes(model: Any, batch: int, capacity: int, source: int) -> int | None:
+    """Bytes of the decoder's self-attention cache (``capacity`` slots) and cross-attention cache
+    (``source`` encoder positions) for ``batch`` rows; None when the config does not say."""
+    cfg = model.config
+    try:
+        path = decoder_layers_path(model)
+        layers: Any = model
+        for a in path:
+            layers = getattr(layers, a)
+        n = len(layers)
+        width = int(getattr(cfg, "d_model", None) or cfg.hidden_size)
+        inner = int(getattr(cfg, "d_kv", 0) or 0) * int(getattr(cfg, "num_heads", 0) or 0) or width
+    except (AttributeError, TypeError, ValueError):
+        return None
+    item = next(model.parameters()).element_size()
+    return 2 * n * int(batch) * inner * (int(capacity) + int(source)) * item
+
+
+# --------------------------------------------------------------------------------------------
+# the probe: cached, ragged, rolled-back and row-selected logits against full forward passes
+
+
+def _probe_encoder(model: Any, g: torch.Generator) -> tuple[EncoderState, dict[str, torch.Tensor] | None]:
+    """Two rows of different encoder inputs: (their encoder state, the inputs; None for a decoder
+    that reads another model's encoder, which gets random encoder outputs)."""
+    p = next(model.parameters())
+    if not is_encoder_decoder(model):
+        D = encoder_width(model) or 32
+        hidden = torch.randn(2, 5, D, generator=g).to(p.device, p.dtype)
+        return EncoderState(hidden, None), None
+    if speech_encoder(model):
+        cfg = model.config
+        n = 2 * int(getattr(cfg, "max_source_positions", 1500))
+        feats = torch.randn(2, int(cfg.num_mel_bins), n, generator=g)
+        inputs = {"input_features": feats}
+    else:
+        V = int(model.get_encoder().get_input_embeddings().weight.shape[0])
+        ids = torch.randint(0, V, (2, 6), generator=g)
+        mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+        inputs = {"input_ids": ids, "attention_mask": mask}
+    return encode(model, inputs), inputs
+
+
+def _full(model: Any, state: EncoderState, r: int, seq: torch.Tensor) -> torch.Tensor:
+    """Logits ``[L, V]`` of decoder tokens ``seq`` for encoder row ``r``, by one uncached forward."""
+    dev = next(model.parameters()).device
+    hid = state.hidden[r : r + 1]
+    if is_encoder_decoder(model):
+        mask = None if state.mask is None else state.mask[r : r + 1]
+        out = model(encoder_outputs=BaseModelOutput(last_hidden_state=hid), attention_mask=mask,
+                    decoder_input_ids=seq[None].to(dev), use_cache=False)
+    else:
+        out = model(input_ids=seq[None].to(dev), encoder_outputs=hid, use_cache=False)
+    return out.logits[0].float().cpu()
+
+
+def _probe(model: Any) -> str | None:
+    name = type(model).__name__
+    try:
+        lm = CachedSeq2Seq(model)
+    except ValueError as e:
+        return str(e)
+    if lm.max_pos is not None and lm.max_pos < 12:
+        return f"{name} has only {lm.max_pos} decoder positions; speculate's text domain needs at least 12"
+    V = model_vocab_size(model)
+    g = torch.Generator().manual_seed(0)
+    a, b, alt = (torch.randint(0, V, (n,), generator=g) for n in (10, 10, 2))
+    a_alt = torch.cat([a[:5], alt])
+    try:
+        state, _ = _probe_encoder(model, g)
+        lm.encoder = state
+        lm.reset(batch=2, capacity=12)
+        lm.forward(torch.stack([a[:4], torch.cat([b[:2], b[:2]])]), np.array([0, 0]), valid=np.array([4, 2]))
+        lm.keep(np.array([4, 2]))
+        x = lm.forward(torch.stack([a_alt[4:7], b[2:5]]), np.array([4, 2])).float().cpu()
+        lm.keep(np.array([1, 3]))  # row 0 keeps a[4] only: both rows at slot 5
+        y = lm.forward(torch.stack([a[5:8], b[5:8]]), np.array([5, 5])).float().cpu()
+        lm.keep(np.array([2, 3]))  # rows at slots 7 and 8
+        lm.select(np.array([1]))  # row 0 finishes: row 1 keeps its own encoder state and caches
+        z = lm.forward(b[None, 8:10], np.array([8])).float().cpu()
+        got = [x[0], x[1], y[0], y[1], z[0]]
+        ref = [_full(model, state, 0, a_alt), _full(model, state, 1, b), _full(model, state, 0, a)]
+        want = [ref[0][4:7], ref[1][2:5], ref[2][5:8], ref[1][5:8], ref[1][8:10]]
+    except Exception as e:  # an architecture that rejects the cache, 4-D masks or positions
+        return f"{name} cannot run with speculate's position-indexed encoder-decoder cache: {e!r}"
+    finally:
+        lm.release()
+    if not all(bool(torch.isfinite(w).all()) for w in want):
+        raise ValueError(f"{name} gives logits that are not finite (NaN or inf) on a plain forward pass: "
+                         "fix the model first")
+    dtype = next(model.parameters()).dtype
+    tol = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
+    for r, (gr, wr) in enumerate(zip(got, want, strict=True)):
+        err = float((gr - wr).abs().max())
+        if not err <= tol * (float(wr.abs().max()) + 1.0):
+            return (f"{name} gives different logits with speculate's position-indexed encoder-decoder "
+                    f"cache (max abs error {err:.3g}, check {r}): its decoder takes positions or "
+                    "masks in a way the text domain does not know")
+    return None
+
+
+@torch.inference_mode()
+def check_seq2seq(model: Any, role: str = "model") -> None:
+    """Raise ``ValueError`` unless ``model``'s cached decoder logits (ragged rows with different
+    encoder inputs, a rollback, a dropped row) equal full forward passes; once per model and
+    setting, like :func:`~speculate.domains.text.kv_cache.check_model`."""
+    check_eval_mode(model, role)
+    p = next(model.parameters())
+    key = ("seq2seq", type(model), p.dtype, p.device, getattr(model.config, "_attn_implementation", None))
+    seen = model.__dict__.get("_speculate_check")
+    if seen is None or seen[0] != key:
+        seen = (key, _probe(model))
+        model.__dict__["_speculate_check"] = seen
+    if seen[1] is not None:
+        raise ValueError(seen[1])
