@@ -4,7 +4,7 @@
 >>> y, kept = sp.speculative_sample(sp.Categorical(probs=[0.6, 0.4]), sp.Categorical(probs=[0.8, 0.2]), rng=0)
 """
 
-from . import theory
+from . import distributed, theory
 from .chain import Trajectories, Trajectory, batched, chain, chains
 from .distributions import Categorical, Distribution, Normal, PlainValueWarning, PointMass, from_scipy, from_torch
 from .engine import SpeculationResult, speculate, speculative_sample
@@ -29,6 +29,7 @@ __all__ = [
     "batched",
     "chain",
     "chains",
+    "distributed",
     "from_scipy",
     "from_torch",
     "speculate",

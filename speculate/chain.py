@@ -316,6 +316,9 @@ def chains(
     rng: int | np.random.Generator | None = None,
     max_lookahead: int = 16,
     cost_ratio: float | None = None,
+    executor: Any = None,
+    shards: int | None = None,
+    rows_per_stream: int = 1,
 ) -> Trajectories:
     """Advance B independent chains together: one target call per round for all B x (k+1) states.
 
@@ -327,12 +330,25 @@ def chains(
     ``lookahead``: k drafts per round, or ``"auto"``: k chosen each round from the running alpha
     and the cost ratio c (measured, or ``cost_ratio`` if given, which makes seeded runs
     bit-reproducible); see speculate.rounds.
+
+    ``executor`` / ``shards`` (either one): the seed-stable sharded run of
+    :mod:`speculate.distributed`: every chain draws from its own stream derived from ``rng``
+    (``rows_per_stream`` chains per stream and batched loop), the shards run on ``executor`` (any
+    ``concurrent.futures.Executor``, a Dask ``Client``, ``"ray"``; None: here, one after another),
+    and the same seed gives the same samples for any executor and shard count. Without them, all B
+    chains share one stream (the fastest path on one machine; its samples depend on B).
     """
     for name, fn in (("target", target), ("draft", draft), ("step", step)):
         if not callable(fn):
             raise TypeError(f"chains: {name} must be callable, got {type(fn).__name__}")
     if stop is not None and not callable(stop):
         raise TypeError(f"chains: stop must be callable or None, got {type(stop).__name__}")
+    if executor is not None or shards is not None:
+        from .distributed.runners import chains_sharded
+
+        return chains_sharded(target, draft, step, states, n, executor=executor, shards=shards,
+                              rows_per_stream=rows_per_stream, rng=rng, lookahead=lookahead, verify=verify,
+                              branches=branches, stop=stop, max_lookahead=max_lookahead, cost_ratio=cost_ratio)
     states = list(states)
     proc = _FunctionProcess(target, draft, step, states, stop, greedy=verify == "greedy")
     res = run(

@@ -155,6 +155,9 @@ def speculative_simulate(
     record_every: int = 1,
     max_lookahead: int = 16,
     cost_ratio: float | None = None,
+    executor: Any = None,
+    shards: int | None = None,
+    rows_per_stream: int = 1,
 ) -> Simulation:
     """Simulate the Euler-Maruyama chain of ``model`` exactly, drafting ``lookahead`` steps ahead.
 
@@ -171,6 +174,9 @@ def speculative_simulate(
             record_every-th configuration.
         cost_ratio: with lookahead="auto", a fixed draft/target cost ratio c instead of the
             measured one (the run then depends on the seed alone, not on timings).
+        executor, shards, rows_per_stream: (``executor`` or ``shards`` given) the seed-stable sharded
+            run of :mod:`speculate.distributed`: every replica its own random stream, the same
+            trajectories for any executor and shard count; ``stats`` summed over the shards.
 
     Raises ValueError naming the step when the exact force is not finite, or the mean
     x + dt F / gamma overflows, at a configuration the chain reaches (the same step as
@@ -187,6 +193,12 @@ def speculative_simulate(
         >>> sim.positions.shape, 0.5 < sim.stats.acceptance_rate < 1
         ((3, 51, 1, 1), True)
     """
+    if executor is not None or shards is not None:
+        from speculate.distributed.runners import simulate_sharded
+
+        return simulate_sharded(model, x0, n_steps, lookahead, rng, executor=executor, shards=shards,
+                                rows_per_stream=rows_per_stream, record_every=record_every,
+                                max_lookahead=max_lookahead, cost_ratio=cost_ratio)
     if not isinstance(model, Langevin):
         raise TypeError(f"model must be a Langevin, got {type(model).__name__}")
     check_steps(n_steps, record_every)

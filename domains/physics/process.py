@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -61,6 +61,7 @@ class SimulationStats(Stats):
     """
 
     steps: int = 0  #: steps per replica
+    _not_summed: ClassVar[tuple[str, ...]] = ("steps",)  #: Stats.merge: per replica, not summed
     target_configurations: int = 0  #: configurations the exact force was evaluated at
     wall_time: float = 0.0  #: seconds for the whole run
     draft_truncations: int = 0  #: drafts cut short: a non-finite draft force or overflowing draft, or (in score)

@@ -244,6 +244,9 @@ def speculative_rollouts(
     rng: int | np.random.Generator | None = 0,
     max_lookahead: int = 16,
     cost_ratio: float | None = None,
+    executor: Any = None,
+    shards: int | None = None,
+    rows_per_stream: int = 1,
 ) -> Rollouts:
     """Roll out N environments at once with ``policy``, drafting ahead with ``draft``; exact.
 
@@ -268,6 +271,10 @@ def speculative_rollouts(
     depends on the machine's timings and the same seed may give different episodes (each one still
     exactly distributed); pass ``cost_ratio=`` (a number >= 0) to make a seeded run bit-reproducible.
     A fixed int ``lookahead`` is always reproducible.
+    ``executor`` / ``shards`` (either one): the seed-stable sharded run of :mod:`speculate.distributed`
+    (every environment its own stream: reset seed, actions and uniforms; the same episodes for any
+    executor and shard count; ``envs`` as env constructors, policies as picklable objects or
+    ``speculate.distributed.PerWorker`` factories).
     Raises :class:`SnapshotError` for an env that cannot be snapshotted exactly, ValueError /
     TypeError for bad arguments (before any environment is reset) and for bad policy output (naming
     the policy). An exception raised inside the run (by an env, a policy, a snapshot, or
@@ -287,6 +294,12 @@ def speculative_rollouts(
     max_steps = _check_steps(max_steps)
     _check_round_args(lookahead, verify, max_lookahead, cost_ratio)
     rollout_seeds(rng, 0)  # checks rng (draws nothing)
+    if executor is not None or shards is not None:
+        from speculate.distributed.runners import rollouts_sharded
+
+        return rollouts_sharded(envs, policy, draft, executor=executor, shards=shards, rows_per_stream=rows_per_stream,
+                                rng=rng, max_steps=max_steps, lookahead=lookahead, verify=verify,
+                                max_lookahead=max_lookahead, cost_ratio=cost_ratio)
     env_list, owned = _as_envs(envs)
     try:
         _check_spaces(env_list)
