@@ -6,4 +6,4 @@ top-level domains/ folder): each supplies its target, draft, step and snapshot a
 returns the cases the shared exactness suite (tests/test_conformance.py) runs over every domain.
 """
 
-REGISTRY = ("text", "rl", "physics")
+REGISTRY = ("text", "rl", "physics", "diffusion")

@@ -75,5 +75,7 @@ def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"speculate"}, tops
     for must in ("speculate/py.typed", "speculate/domains/text/models/target/model.safetensors",
+                 "speculate/domains/diffusion/models/digits_target.safetensors",
+                 "speculate/domains/diffusion/models/digits.json",
                  "speculate/domains/rl/snapshots/check.py", "speculate/testing/exact/kernels.py"):
         assert must in names, must
