@@ -8,9 +8,11 @@ See ``domains/text/README.md``.
 """
 
 from .api import GenerationOutput, SpeculativeGenerator, check_vocabularies
+from .custom_generate import speculate_decoding
 from .kv_cache import CacheMemoryError
 from .pair import load_pair
 from .sampling import SamplingConfig
+from .streaming import StreamEvent
 from .tokenizer import ByteTokenizer
 
 __all__ = [
@@ -19,6 +21,8 @@ __all__ = [
     "GenerationOutput",
     "SamplingConfig",
     "SpeculativeGenerator",
+    "StreamEvent",
     "check_vocabularies",
     "load_pair",
+    "speculate_decoding",
 ]

@@ -21,16 +21,16 @@ True
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from speculate.rng import as_rng
-from speculate.rounds import run
+from speculate.rounds import Round, rounds
 from speculate.stats import Stats
 from speculate.verify import RULES
 
@@ -56,7 +56,11 @@ from .kv_cache import (
     model_vocab_size,
 )
 from .process import TextProcess, TokenBuffer
-from .sampling import SamplingConfig
+from .processors import Transforms
+from .progress import progress_bar
+from .settings import Settings, resolve
+from .streaming import StreamEvent, stream_events, streamer_feed
+from .strings import StopStrings, decode
 
 __all__ = ["GenerationOutput", "SpeculativeGenerator", "check_vocabularies"]
 
@@ -81,6 +85,15 @@ class GenerationOutput:
     stats: Stats
     prefill_time: float
     wall_time: float
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def texts(self) -> list[str]:
+        """Each row's new tokens as text (special tokens skipped); needs the generator's tokenizer."""
+        if self.tokenizer is None:
+            raise ValueError("texts needs a tokenizer: create the SpeculativeGenerator with tokenizer= "
+                             "(or decode out.new_tokens yourself)")
+        return [decode(self.tokenizer, t) for t in self.new_tokens]
 
     @cached_property
     def new_tokens(self) -> list[list[int]]:
@@ -289,8 +302,8 @@ class SpeculativeGenerator:
         self,
         input_ids: Any = None,
         attention_mask: Any = None,
-        max_new_tokens: int = 128,
-        temperature: float = 1.0,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
@@ -302,6 +315,12 @@ class SpeculativeGenerator:
         input_features: Any = None,
         decoder_input_ids: Any = None,
         decoder_attention_mask: Any = None,
+        generation_config: Any = None,
+        logits_processor: Sequence[Any] | None = None,
+        streamer: Any = None,
+        batch_size: int | None = None,
+        progress: bool | None = None,
+        **settings: Any,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` per row; each row stops at its first EOS.
 
@@ -327,28 +346,122 @@ class SpeculativeGenerator:
         row's decoder prompt (e.g. Whisper's language and task tokens), by default the decoder start
         token. ``sequences`` then holds each row's decoder tokens, prompt first.
 
+        Generation settings (keyword arguments win over ``generation_config``, a transformers
+        ``GenerationConfig``; see :mod:`~speculate.domains.text.settings`): ``max_new_tokens``
+        (default 128), ``temperature`` (default 1; 0 or ``do_sample=False``: greedy), ``top_k``,
+        ``top_p``, ``min_p``, ``typical_p``, ``repetition_penalty``, ``no_repeat_ngram_size``,
+        ``bad_words_ids``, ``min_new_tokens``, ``stop_strings`` (with a tokenizer),
+        ``num_return_sequences`` (each prompt repeated, rows independent, prompt-major order) and
+        ``logits_processor`` (transformers ``LogitsProcessor`` objects or callables
+        ``(input_ids, scores) -> scores`` whose output depends only on the prefix and the scores:
+        see :mod:`~speculate.domains.text.processors`). Text in: a string, a list of strings, or
+        chat messages (a list of ``{"role", "content"}`` dicts, or a list of conversations) through
+        the tokenizer's chat template; ``out.texts`` decodes the new tokens.
+
+        ``streamer``: a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``; one
+        row): it receives the prompt, then each round's tokens, then ``end()``. ``batch_size``: run
+        the prompts in chunks of that many rows (a progress bar on a terminal when tqdm is
+        installed; ``progress`` True / False forces it on / off). :meth:`stream` yields the tokens
+        as they are accepted.
+
         ``executor`` / ``shards`` (either one): the seed-stable sharded run of
         :mod:`speculate.distributed` (one random stream per prompt; this generator is pickled with
         each shard: see ``speculate.distributed.generate_sharded`` to build it once per worker).
         """
-        if (executor is not None or shards is not None) and self.seq2seq:
-            raise ValueError("executor= / shards= (speculate.distributed) take decoder-only targets; "
-                             f"{type(self.target).__name__} is an encoder-decoder")
         if executor is not None or shards is not None:  # hook: speculate.distributed
+            if self.seq2seq:
+                raise ValueError("executor= / shards= (speculate.distributed) take decoder-only targets; "
+                                 f"{type(self.target).__name__} is an encoder-decoder")
+            extra = [n for n, v in (("generation_config", generation_config), ("logits_processor", logits_processor),
+                                    ("streamer", streamer), ("batch_size", batch_size)) if v is not None]
+            if extra or settings:
+                raise ValueError(f"executor= / shards= take only temperature, top_k, top_p and eos_token_id; "
+                                 f"drop {', '.join([*extra, *settings])}")
             from speculate.distributed.runners import generate_sharded
 
             rows = [p.tolist() for p in prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer)]
             return generate_sharded(self, rows, executor=executor, shards=shards, rows_per_stream=rows_per_stream,
-                                    rng=rng, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                    rng=rng, max_new_tokens=128 if max_new_tokens is None else max_new_tokens,
+                                    temperature=1.0 if temperature is None else temperature, top_k=top_k,
                                     top_p=top_p, eos_token_id=eos_token_id)
+        s = resolve(generation_config, logits_processor=logits_processor, max_new_tokens=max_new_tokens,
+                    temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+                    **_setting_kwargs(settings))
+        request = dict(input_ids=input_ids, attention_mask=attention_mask, input_features=input_features,
+                       decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask)
+        if batch_size is not None:
+            return self._generate_chunks(request, s, rng, streamer, batch_size, progress)
+        req = self._prepare(s, as_rng(rng), **request)
+        feed = streamer_feed(streamer, req.tokens, self.tokenizer) if streamer is not None else None
+        try:
+            for event in self._events(req):
+                if feed is not None:
+                    feed.round(event)
+        finally:
+            if feed is not None:
+                feed.end()
+        return self._output(req)
+
+    def stream(self, input_ids: Any = None, attention_mask: Any = None, max_new_tokens: int | None = None,
+               temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+               eos_token_id: int | Sequence[int] | None = None, rng: int | np.random.Generator | None = 0,
+               *, input_features: Any = None, decoder_input_ids: Any = None, decoder_attention_mask: Any = None,
+               generation_config: Any = None, logits_processor: Sequence[Any] | None = None,
+               streamer: Any = None, **settings: Any) -> Iterator[StreamEvent]:
+        """:meth:`generate` as a stream: after every round, a
+        :class:`~speculate.domains.text.streaming.StreamEvent` with each row's newly committed
+        tokens (and their text, with a tokenizer; a character split across tokens is shown once
+        complete). The arguments are :meth:`generate`'s; they are checked at this call, the work
+        starts at the first ``next()``. Stopping early (``break``, ``close()``) releases the caches.
+
+        >>> for event in gen.stream("def fib(n):", max_new_tokens=32):      # doctest: +SKIP
+        ...     print(event.texts[0], end="", flush=True)
+        """
+        s = resolve(generation_config, logits_processor=logits_processor, max_new_tokens=max_new_tokens,
+                    temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+                    **_setting_kwargs(settings))
+        req = self._prepare(s, as_rng(rng), input_ids=input_ids, attention_mask=attention_mask,
+                            input_features=input_features, decoder_input_ids=decoder_input_ids,
+                            decoder_attention_mask=decoder_attention_mask)
+        feed = streamer_feed(streamer, req.tokens, self.tokenizer) if streamer is not None else None
+        return stream_events(self._events(req), req.tokens, self.tokenizer, feed)
+
+    def _generate_chunks(self, request: dict[str, Any], s: Settings, rng: Any, streamer: Any,
+                         batch_size: int, progress: bool | None) -> GenerationOutput:
+        """:meth:`generate` over chunks of ``batch_size`` prompts, one random stream for all."""
+        if not is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if streamer is not None:
+            raise ValueError("streamer= takes one row; it cannot be combined with batch_size=")
+        if self.seq2seq or request["input_features"] is not None or request["decoder_input_ids"] is not None:
+            raise ValueError("batch_size= takes decoder-only prompts; split encoder-decoder requests yourself")
+        prompts = prompt_ids(request["input_ids"], request["attention_mask"], self.vocab, self.tokenizer)
+        rng = as_rng(rng)
+        t0 = time.perf_counter()
+        outs = []
+        with progress_bar(len(prompts), "generate", enabled=progress, unit="prompt") as bar:
+            for i in range(0, len(prompts), batch_size):
+                chunk = [p.tolist() for p in prompts[i : i + batch_size]]
+                req = self._prepare(s, rng, input_ids=chunk)
+                for _ in self._events(req):
+                    pass
+                outs.append(self._output(req))
+                bar.update(len(chunk))
+        return GenerationOutput(
+            sequences=[q for o in outs for q in o.sequences],
+            prompt_lengths=[n for o in outs for n in o.prompt_lengths],
+            stats=Stats.merge([o.stats for o in outs]), prefill_time=sum(o.prefill_time for o in outs),
+            wall_time=time.perf_counter() - t0, tokenizer=self.tokenizer)
+
+    def _prepare(self, s: Settings, rng: np.random.Generator, *, input_ids: Any = None, attention_mask: Any = None,
+                 input_features: Any = None, decoder_input_ids: Any = None,
+                 decoder_attention_mask: Any = None) -> _Request:
+        """Check a request and build its process (nothing allocated yet)."""
         t_start = time.perf_counter()
-        cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-        if not is_int(max_new_tokens) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        cfg = s.sampling
         verify = "greedy" if cfg.greedy else self.verify
         if verify == "greedy" and not cfg.greedy:
             raise ValueError("verify='greedy' is exact only for temperature=0; use 'token' or 'block'")
-        rng = as_rng(rng)
         for model, role in self._models():  # .train() may have been called since __init__
             check_eval_mode(model, role)
         enc: EncoderInputs | None = None
@@ -363,13 +476,20 @@ class SpeculativeGenerator:
                 raise ValueError(f"{type(self.target).__name__} is a decoder-only LM: {', '.join(extra)} "
                                  "belong to encoder-decoder targets; pass the prompt as input_ids")
             prompts = prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer)
-        if eos_token_id is None:
+        n_ret = s.num_return_sequences
+        if n_ret > 1:  # each prompt repeated: independent rows, prompt-major
+            prompts = [p for p in prompts for _ in range(n_ret)]
+            if enc is not None:
+                enc = EncoderInputs({k: v.repeat_interleave(n_ret, 0) for k, v in enc.tensors.items()},
+                                    None if enc.ids is None else [r for r in enc.ids for _ in range(n_ret)],
+                                    enc.rows * n_ret)
+        if s.eos_token_id is None:
             gc = getattr(self.target, "generation_config", None)
             eos = eos_ids(getattr(gc, "eos_token_id", None), self.vocab,
-                           "the target's generation_config.eos_token_id")
+                          "the target's generation_config.eos_token_id")
         else:
-            eos = eos_ids(eos_token_id, self.vocab, "eos_token_id")
-        n_new = int(max_new_tokens)
+            eos = eos_ids(s.eos_token_id, self.vocab, "eos_token_id")
+        n_new = s.max_new_tokens
         # cache slots past the longest row: the padded columns of ragged blocks (a row that
         # needs fewer drafts than the block is wide) and the scoring block's own column
         k_max = self.lookahead if isinstance(self.lookahead, int) else self.max_lookahead
@@ -379,23 +499,53 @@ class SpeculativeGenerator:
             source = 0 if enc is None else self._source_length(enc)
             self._check_memory(len(prompts), max(len(p) for p in prompts) + n_new, spare, source)
         tokens = TokenBuffer.from_prompts(prompts, extra=n_new)  # the loop gives no row more
-        process = TextProcess(target=self._target_lm, draft=self.draft, tokens=tokens, cfg=cfg,
-                              eos=eos, vocab=self.vocab,
+        transforms = Transforms(cfg, s.before, s.user, s.min_new_tokens, eos)
+        stop = StopStrings(self.tokenizer, s.stop_strings).hook(tokens) if s.stop_strings else None
+        process = TextProcess(target=self._target_lm, draft=self.draft, tokens=tokens, cfg=transforms,
+                              eos=eos, vocab=self.vocab, stop=stop,
                               encode=None if enc is None else self._encoders(enc))
-        stats, prefill = Stats(), 0.0
-        if n_new > 0:
-            try:
-                process.start(spare=spare)
-                prefill = process.prefill_time
-                result = run(process, len(prompts), n_new, lookahead=self.lookahead,
-                             verify=verify, rng=rng, max_lookahead=self.max_lookahead,
-                             cost_ratio=self.cost_ratio,
-                             keep_samples=False)  # the tokens live in the TokenBuffer
-            finally:
-                process.release()
-            stats = result.stats
-        seqs = [tokens.ids[r, : tokens.n[r]].tolist() for r in range(len(prompts))]
-        return GenerationOutput(sequences=seqs, prompt_lengths=[len(p) for p in prompts],
-                                stats=stats, prefill_time=prefill,
-                                wall_time=time.perf_counter() - t_start)
+        return _Request(process, tokens, [len(p) for p in prompts], n_new, verify, rng, spare, Stats(), t_start)
 
+    def _events(self, req: _Request) -> Iterator[Round]:
+        """The rounds of ``req`` (a generator): caches filled at the first ``next()``, released when
+        the rounds end, raise, or the caller stops early."""
+        if req.n_new <= 0:
+            return
+        try:
+            req.process.start(spare=req.spare)
+            yield from rounds(req.process, len(req.prompt_lengths), req.n_new, lookahead=self.lookahead,
+                              verify=req.verify, rng=req.rng, max_lookahead=self.max_lookahead,
+                              cost_ratio=self.cost_ratio, stats=req.stats)
+        finally:
+            req.process.release()
+
+    def _output(self, req: _Request) -> GenerationOutput:
+        t = req.tokens
+        seqs = [t.ids[r, : t.n[r]].tolist() for r in range(len(req.prompt_lengths))]
+        return GenerationOutput(sequences=seqs, prompt_lengths=req.prompt_lengths, stats=req.stats,
+                                prefill_time=req.process.prefill_time,
+                                wall_time=time.perf_counter() - req.t_start, tokenizer=self.tokenizer)
+
+
+class _Request(NamedTuple):
+    process: TextProcess
+    tokens: TokenBuffer
+    prompt_lengths: list[int]
+    n_new: int
+    verify: str
+    rng: np.random.Generator
+    spare: int
+    stats: Stats
+    t_start: float
+
+
+_SETTINGS = ("do_sample", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids",
+             "min_new_tokens", "stop_strings", "num_return_sequences")
+
+
+def _setting_kwargs(given: dict[str, Any]) -> dict[str, Any]:
+    bad = [k for k in given if k not in _SETTINGS]
+    if bad:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, bad))}; generation settings "
+                        f"are: {', '.join(_SETTINGS)} (and generation_config=, logits_processor=)")
+    return given

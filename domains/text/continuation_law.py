@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .process import TokenBuffer
 from .sampling import SamplingConfig, probabilities
 
 __all__ = ["continuation_law"]
@@ -35,6 +36,7 @@ __all__ = ["continuation_law"]
 def continuation_law(
     model: Any, prompt: Sequence[int], n_new: int, cfg: SamplingConfig,
     eos: Sequence[int] = (), encoder_inputs: dict[str, torch.Tensor] | None = None,
+    transforms: Any = None,
 ) -> dict[tuple[int, ...], float]:
     """Exact law of the first ``n_new`` generated tokens (a continuation stops at EOS).
 
@@ -42,7 +44,9 @@ def continuation_law(
     of a float64 copy of ``model``; probabilities are the sampling transforms in float64. For an
     encoder-decoder, ``encoder_inputs`` are one row's encoder inputs (``input_ids`` ``[1, S]``, or
     ``input_features`` ``[1, F, T]``; no padding) and ``prompt`` its decoder prompt: the encoder
-    runs on them, and the decoder on every prefix.
+    runs on them, and the decoder on every prefix. ``transforms``: a
+    :class:`~speculate.domains.text.processors.Transforms` (prefix processors, ``min_new_tokens``;
+    its sampling settings replace ``cfg``), applied to every prefix in float64.
     """
     m64 = copy.deepcopy(model).to(torch.float64).eval()
     dev = next(m64.parameters()).device
@@ -63,7 +67,13 @@ def continuation_law(
         else:
             hid = enc.expand(len(frontier), -1, -1)  # [F, S, D]
             logits = m64(encoder_outputs=(hid,), decoder_input_ids=ids).logits[:, -1]  # [F, V]
-        pr = probabilities(logits, cfg, dtype=torch.float64).cpu().numpy()  # [F, V]
+        if transforms is None:
+            pr = probabilities(logits, cfg, dtype=torch.float64).cpu().numpy()  # [F, V]
+        else:  # every prefix is a row of a buffer whose prompt is ``prompt``
+            buf = TokenBuffer.from_prompts(ids.cpu().numpy(), extra=0)
+            buf.prompt_len = np.full(len(frontier), len(prompt), np.int64)
+            pr = transforms.probs(logits[:, None], buf, np.arange(len(frontier)), None,
+                                  dtype=torch.float64)[:, 0].cpu().numpy()
         nxt = []
         for (seq, w), row in zip(frontier, pr, strict=True):
             for tok in np.flatnonzero(row > 0):

@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ import torch.nn.functional as F
 from speculate import theory
 
 from .kv_cache import model_vocab_size
+from .progress import progress_bar
 
 DIVERGENCES = ("tv", "fkl", "rkl", "jsd")
 
@@ -237,8 +239,10 @@ def sample_continuations(model: torch.nn.Module, prefix: torch.Tensor, n_new: in
     """
     dev = next(model.parameters()).device
     ids = prefix.to(dev)
+    # attention models return and take ``past_key_values``; state-space ones (Mamba) ``cache_params``
+    name = "cache_params" if "cache_params" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=ids, use_cache=True)
-    past, new = out.past_key_values, []
+    past, new = out[name], []
     logits = out.logits[:, -1]  # [B, V]
     for i in range(n_new):
         logits = logits.float() / temperature
@@ -247,8 +251,8 @@ def sample_continuations(model: torch.nn.Module, prefix: torch.Tensor, n_new: in
         tok = torch.multinomial(logits.softmax(-1), 1, generator=generator)  # [B, 1]
         new.append(tok)
         if i + 1 < n_new:
-            out = model(input_ids=tok, past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1]
+            out = model(input_ids=tok, use_cache=True, **{name: past})
+            past, logits = out[name], out.logits[:, -1]
     return torch.cat([ids, *new], dim=1).to(prefix.device) if new else prefix
 
 
@@ -263,7 +267,7 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
             warmup: int = 10, grad_clip: float = 1.0, eval_texts=None, eval_batch: int = 32,
             eval_on: str = "target", eval_every: int = 0,
             rng: int | np.random.Generator | None = 0,
-            log: Callable[[str], None] | None = None) -> DistillResult:
+            log: Callable[[str], None] | None = None, progress: bool | None = None) -> DistillResult:
     """Train ``draft`` in place toward ``target``; return acceptance before and after.
 
     Each step takes ``batch_size`` random windows of ``prefix_len`` tokens from ``texts``; a
@@ -284,6 +288,8 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
     token ids. Models may be
     on any device; the target's and draft's parameters are used where they are. Raises
     ``ValueError`` on incompatible vocabularies (see ``check_vocab``) or bad arguments.
+    ``progress``: a progress bar over the steps (None: on a terminal with tqdm installed; see
+    ``speculate.domains.text.progress``).
     """
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
@@ -356,6 +362,8 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
     n_policy = round(on_policy * batch_size)
     losses: list[float] = []
     draft.train()
+    bar_cm = progress_bar(steps, "distill", enabled=progress, unit="step")
+    bar = bar_cm.__enter__()
     try:
         for step in range(steps):
             ids = sample_windows(stream, batch_size, length, g_data)  # [B, L]
@@ -379,6 +387,7 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
                 torch.nn.utils.clip_grad_norm_(decay + no_decay, grad_clip)
             opt.step()
             losses.append(loss.item())
+            bar.update(1)
             if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
                 history.append((step + 1, evaluate()))
                 say(f"distill: step {step + 1}/{steps} loss {losses[-1]:.4f} "
@@ -386,6 +395,7 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
         if steps:
             history.append((steps, evaluate()))
     finally:
+        bar_cm.__exit__(None, None, None)
         target.train(was_training_t)
         draft.train(was_training_d)
     say(f"distill: alpha after = {history[-1][1]:.4f}")

@@ -54,7 +54,8 @@ from .inputs import EncoderInputs
 from .kv_cache import advance_length, check_model, model_vocab_size, text_config
 from .lean_llama import lean_model
 from .process import Drafted, TokenBuffer
-from .sampling import SamplingConfig, probabilities
+from .processors import Transforms, as_transforms
+from .sampling import SamplingConfig
 
 __all__ = ["EarlyExitDraft", "ModelDraft", "NgramDraft", "Seq2SeqDraft", "SourceNgramDraft",
            "early_exit_model", "make_draft"]
@@ -110,21 +111,28 @@ class ModelDraft:
     def select(self, keep: np.ndarray) -> None:
         self.lm.select(keep)
 
-    def _probs(self, logits: torch.Tensor, cfg: SamplingConfig, vocab: int) -> torch.Tensor:
-        """Draft probabilities over the target's ``vocab`` ids: ``[R, vocab]`` float32."""
+    def _probs(self, logits: torch.Tensor, cfg: SamplingConfig | Transforms, vocab: int,
+               tokens: TokenBuffer | None = None, rows: np.ndarray | None = None,
+               drafts: np.ndarray | None = None, first: int = 0) -> torch.Tensor:
+        """Draft probabilities over the target's ``vocab`` ids: ``[R, vocab]`` float32, after every
+        transform of ``cfg`` with each row's prefix (committed tokens, then ``drafts[:, :first]``)."""
         Vd = logits.shape[-1]
         if Vd > vocab:
             logits = logits[..., :vocab]
         elif Vd < vocab:
             pad = logits.new_full((*logits.shape[:-1], vocab - Vd), float("-inf"))
             logits = torch.cat([logits, pad], dim=-1)
-        return probabilities(logits, cfg)
+        tr = as_transforms(cfg)
+        if not tr.active:
+            return tr.probs(logits[:, None], None, None, None)[:, 0]
+        return tr.probs(logits[:, None], tokens, rows, drafts, first)[:, 0]
 
     def propose(
-        self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray, cfg: SamplingConfig,
-        rng: np.random.Generator, vocab: int,
+        self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray,
+        cfg: SamplingConfig | Transforms, rng: np.random.Generator, vocab: int,
     ) -> Drafted:
         R = len(rows)
+        prefixed = as_transforms(cfg).active  # transforms that read each position's prefix
         lengths = np.minimum(np.asarray(need, dtype=np.int64) - 1, k)  # a row uses no more drafts
         steps = int(lengths.max())  # = k in the round loop, which never asks for more
         if steps <= 0:  # nothing to draft: the unseen tokens wait for the next proposal
@@ -141,10 +149,12 @@ class ModelDraft:
         outcomes = np.zeros((R, k), np.int64)
         q = None if cfg.greedy else np.zeros((R, k, vocab), np.float32)
         for i in range(steps):
-            if cfg.greedy:  # argmax on the device; the greedy rule needs no draft probabilities
+            if cfg.greedy and not prefixed:  # argmax on the device; greedy needs no draft law
                 outcomes[:, i] = self._argmax(last, vocab).cpu().numpy()
+            elif cfg.greedy:  # the argmax of the processed logits (prefix: drafts before step i)
+                outcomes[:, i] = self._probs(last, cfg, vocab, tokens, rows, outcomes, i).argmax(-1).cpu().numpy()
             else:
-                qi = self._probs(last, cfg, vocab).cpu().numpy()  # [R, V]
+                qi = self._probs(last, cfg, vocab, tokens, rows, outcomes, i).cpu().numpy()  # [R, V]
                 if not np.isfinite(qi.sum(axis=-1)).all():  # NaN logits make a whole row NaN
                     bad = rows[~np.isfinite(qi.sum(axis=-1))][:8].tolist()
                     raise ValueError(

@@ -1,7 +1,8 @@
 """What ``SpeculativeGenerator.generate`` accepts as a request, checked before any work.
 
 Prompts are token ids (a ``[B, L]`` tensor or array with an ``attention_mask`` marking left or
-right padding, or lists of ids of any lengths) or, with a tokenizer, text; EOS ids must lie in the
+right padding, or lists of ids of any lengths) or, with a tokenizer, text or chat messages
+(through its chat template); EOS ids must lie in the
 vocabulary. Encoder-decoder targets take encoder inputs (:func:`encoder_inputs`: token ids with
 their mask for text encoders, ``input_features`` for speech encoders) and optional decoder prompts
 (:func:`decoder_prompts`; default: the decoder start token). Everything else is refused with a
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from .encoder_decoder import speech_encoder
+from .strings import chat_prompts, is_chat
 
 __all__ = ["EncoderInputs", "decoder_prompts", "encoder_inputs", "eos_ids", "ids_of", "is_int",
            "prompt_ids"]
@@ -148,6 +150,8 @@ def prompt_ids(input_ids: Any, attention_mask: Any, vocab: int,
     rows, ids outside the vocabulary, or a mask that does not fit."""
     if _is_text(input_ids):
         input_ids = _tokenize(input_ids, tokenizer, attention_mask)
+    elif is_chat(input_ids):  # chat messages: through the tokenizer's chat template
+        input_ids = chat_prompts(input_ids, tokenizer)
     if isinstance(input_ids, np.ndarray):
         input_ids = torch.from_numpy(input_ids) if input_ids.dtype.kind in "biuf" else list(input_ids)
     if isinstance(input_ids, torch.Tensor):

@@ -32,7 +32,8 @@ from speculate.distributions import Categorical
 from speculate.rounds import Proposal, Verdict
 
 from .kv_cache import CachedModel, advance_length
-from .sampling import SamplingConfig, probabilities
+from .processors import Transforms, as_transforms
+from .sampling import SamplingConfig
 
 __all__ = ["Draft", "Drafted", "TextProcess", "TokenBuffer"]
 
@@ -81,8 +82,8 @@ class Draft(Protocol):
     def release(self) -> None: ...
 
     def propose(
-        self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray, cfg: SamplingConfig,
-        rng: np.random.Generator, vocab: int,
+        self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray,
+        cfg: SamplingConfig | Transforms, rng: np.random.Generator, vocab: int,
     ) -> Drafted: ...
 
     def advance(self, state: Any, n_used: np.ndarray, n_accepted: np.ndarray) -> None: ...
@@ -120,18 +121,25 @@ class TextProcess:
     Rows finish when the loop has given them their tokens or at an EOS id of ``eos`` (int64
     ``[E]``; empty: never). ``encode``: for encoder-decoder targets, run once by :meth:`start`
     before the caches are filled (it runs the encoders and hands each row's encoder output to the
-    target's and the draft's caches; counted in ``prefill_time``).
+    target's and the draft's caches; counted in ``prefill_time``). ``cfg``: the sampling settings,
+    or a :class:`~speculate.domains.text.processors.Transforms` with prefix processors. ``stop``:
+    optional ``stop(rows, start, n_used) -> (n_used, hit)``, called after each commit with the
+    buffer rows, where their new tokens start and how many were committed (stop strings).
     """
 
     target: CachedModel
     draft: Draft
     tokens: TokenBuffer
-    cfg: SamplingConfig
+    cfg: SamplingConfig | Transforms
     eos: np.ndarray  # int64 [E]
     vocab: int
     prefill_time: float = 0.0
     encode: Any = None  # Callable[[], None]: encoder-decoder targets only
     live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows in the caches
+    stop: Any = None  # Callable: stop strings (see the class docstring)
+
+    def __post_init__(self) -> None:
+        self.cfg = as_transforms(self.cfg)
 
     def start(self, spare: int = 2) -> None:
         """Fill both caches with every prompt token but the last (the last is scored first).
@@ -206,7 +214,7 @@ class TextProcess:
                               device=logits.device)  # [R, k+1]
         sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, k+1, V]
         _check_logits(sel, self.live)
-        p = probabilities(sel, self.cfg).cpu().numpy()  # [R, k+1, V] float32
+        p = self.cfg.probs(sel, t, self.live, drafts).cpu().numpy()  # [R, k+1, V] float32
         ctx = proposal.context
         ctx.pending, ctx.fed = P, lengths
         return Categorical(probs=p, validate=False)
@@ -229,6 +237,9 @@ class TextProcess:
             valid = cols < n_used[:, None]
         rr, cc = np.nonzero(valid)
         t.ids[rows[rr], t.n[rows][rr] + cc] = E[rr, cc]
+        if self.stop is not None:  # stop strings: cut a row after the token that completes one
+            n_used, hit = self.stop(rows, t.n[rows], n_used)
+            done = hit if done is None else (done | hit)
         t.n[rows] += n_used
         ctx = proposal.context
         advance_length(self.target, ctx.pending, ctx.fed, n_used, n_accepted)

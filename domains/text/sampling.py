@@ -38,7 +38,7 @@ def _is_real(x: object) -> bool:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Temperature, top-k and top-p, validated.
+    """Temperature, top-k, top-p, min-p and typical-p (transformers' warpers, in that order), validated.
 
     >>> SamplingConfig(temperature=0).greedy
     True
@@ -51,6 +51,8 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -69,6 +71,12 @@ class SamplingConfig:
             object.__setattr__(self, "top_k", int(k))
         if p is not None:
             object.__setattr__(self, "top_p", float(p) if not isinstance(p, int) else p)
+        for name in ("min_p", "typical_p"):
+            v = getattr(self, name)
+            if v is not None and (not _is_real(v) or not (0.0 <= v <= 1.0)):
+                raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+            if v is not None:
+                object.__setattr__(self, name, float(v))
 
     @property
     def greedy(self) -> bool:
@@ -78,7 +86,7 @@ class SamplingConfig:
 
 def transform_logits(logits: torch.Tensor, cfg: SamplingConfig,
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Logits after temperature, top-k and top-p (removed tokens get ``-inf``), in ``dtype``.
+    """Logits after temperature, top-k, top-p, min-p and typical-p (removed tokens get ``-inf``), in ``dtype``.
 
     ``logits``: ``[..., V]`` of any float dtype and device. Not defined for greedy configs.
     """
@@ -103,6 +111,19 @@ def transform_logits(logits: torch.Tensor, cfg: SamplingConfig,
         remove_sorted[..., -1] = False  # keep at least the most likely token
         remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
         x = x.masked_fill(remove, -math.inf)
+    if cfg.min_p is not None and cfg.min_p > 0.0:  # MinPLogitsWarper: below min_p x the top probability
+        pr = x.softmax(dim=-1)
+        x = x.masked_fill(pr < cfg.min_p * pr.amax(dim=-1, keepdim=True), -math.inf)
+    if cfg.typical_p is not None and cfg.typical_p < 1.0:  # TypicalLogitsWarper
+        logp = x.log_softmax(dim=-1)
+        ent = -(logp * logp.exp()).nansum(dim=-1, keepdim=True)  # [..., 1]
+        shifted = (-logp - ent).abs()
+        sorted_s, order = torch.sort(shifted, dim=-1, stable=True)
+        cum = x.gather(-1, order).softmax(dim=-1).cumsum(dim=-1)
+        last = (cum < cfg.typical_p).sum(dim=-1, keepdim=True).clamp(max=V - 1)  # [..., 1]
+        remove_sorted = sorted_s > sorted_s.gather(-1, last)
+        remove_sorted[..., 0] = False
+        x = x.masked_fill(torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted), -math.inf)
     return x
 
 

@@ -159,6 +159,22 @@ def test_sample_continuations_respects_width_and_seed():
     assert int(a[:, 8:].max()) < 40
 
 
+def test_sample_continuations_on_a_state_space_model():
+    """Mamba returns and takes its cache as ``cache_params``, not ``past_key_values``: the cached
+    sampler draws exactly what sampling from full forward passes with the same generator draws."""
+    from speculate.domains.text.families import family, tiny_model
+
+    model = tiny_model(family("Mamba"))  # float64, prefix-sensitive
+    prefix = torch.tensor([[1, 5, 2, 7], [3, 3, 9, 4]])  # [2, 4]
+    got = sample_continuations(model, prefix, 6, 1.0, torch.Generator().manual_seed(4))
+    g, ids = torch.Generator().manual_seed(4), prefix
+    with torch.no_grad():
+        for _ in range(6):
+            p = model(input_ids=ids).logits[:, -1].float().softmax(-1)
+            ids = torch.cat([ids, torch.multinomial(p, 1, generator=g)], 1)
+    assert torch.equal(got, ids)
+
+
 # ------------------------------------------------------------------ distillation
 
 

@@ -1,0 +1,197 @@
+"""Our decoding inside transformers' own ``generate()``: ``custom_generate=speculate_decoding``.
+
+transformers (5.x) accepts a callable ``custom_generate``: ``generate()`` prepares the inputs
+(left-padded ``input_ids``, ``attention_mask``), the generation config, the logits processors
+(its built-in ones, the caller's ``logits_processor``, then the warpers when ``do_sample``) and the
+stopping criteria, puts the prompt into the ``streamer``, and then calls
+``custom_generate(model, input_ids, logits_processor=..., stopping_criteria=...,
+generation_config=..., **model_kwargs)`` for the decoding loop. It passes neither
+``assistant_model`` nor ``streamer`` to the callable, so :func:`speculate_decoding` reads them from
+the ``generate()`` call that invoked it.
+
+>>> out = model.generate(**batch, assistant_model=draft, custom_generate=speculate_decoding,
+...                      do_sample=True, top_p=0.9, max_new_tokens=128)        # doctest: +SKIP
+
+runs the exact batched decoding of :class:`~speculate.domains.text.SpeculativeGenerator` (batch
+> 1, block verification, automatic lookahead) and returns what ``generate()`` returns: the
+``[B, W + G]`` tensor of the (left-padded) prompts and the new tokens, rows that ended early padded
+with ``pad_token_id``; with ``return_dict_in_generate=True`` a ``GenerateDecoderOnlyOutput``
+(``sequences`` only). Extra keyword arguments of ``generate()`` read here: ``draft=`` (instead of
+``assistant_model``: a model, ``"ngram"`` or ``"early-exit:N"``; default ``"ngram"``),
+``lookahead=`` (default ``"auto"``), ``verify=`` (default ``"block"``) and ``rng=`` (a seed;
+default: drawn from torch's generator, so ``torch.manual_seed`` makes runs repeatable).
+
+The processors are applied per row to its unpadded prefix (:mod:`~speculate.domains.text.processors`):
+prefix-free settings, the repetition penalty (which plain ``generate()`` also applies without the
+padding) and greedy decoding give exactly plain ``generate()``'s law / tokens.
+Stopping criteria (stop strings, user criteria) are evaluated on each row's unpadded sequence after
+each token, with ``scores=None``. Encoder-decoder models are not served here yet (use
+``SpeculativeGenerator`` directly).
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import RepetitionPenaltyLogitsProcessor
+
+from .api import SpeculativeGenerator
+from .sampling import SamplingConfig
+from .settings import Settings
+from .streaming import streamer_feed
+
+__all__ = ["speculate_decoding"]
+
+_WARPERS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+            "TypicalLogitsWarper"}
+_GENERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _generator(model: Any, draft: Any, lookahead: Any, verify: str) -> SpeculativeGenerator:
+    """One generator per (model, draft, lookahead, verify), kept while the model lives (the model
+    checks run once)."""
+    per = _GENERATORS.setdefault(model, {})
+    key = (id(draft) if not isinstance(draft, str) else draft, lookahead, verify)
+    hit = per.get(key)
+    if hit is not None and (hit[0] is draft or isinstance(draft, str)):
+        return hit[1]
+    gen = SpeculativeGenerator(model, draft, lookahead=lookahead, verify=verify)
+    per[key] = (draft, gen)
+    return gen
+
+
+def _settings(gc: Any, processors: Any, width: int) -> Settings:
+    """The settings of a prepared ``generate()`` call: warpers from the config, the other processors
+    kept in order (``MinNewTokensLength`` / ``MinLength`` become ``min_new_tokens``)."""
+    greedy = not gc.do_sample
+    top_k = gc.top_k if gc.top_k not in (None, 0) else None
+    cfg = SamplingConfig(temperature=0.0 if greedy else (gc.temperature if gc.temperature is not None else 1.0),
+                         top_k=top_k, top_p=gc.top_p, min_p=gc.min_p,
+                         typical_p=gc.typical_p if gc.typical_p is not None and gc.typical_p < 1.0 else None)
+    before, min_new = [], 0
+    for p in processors or []:
+        name = type(p).__name__
+        if name in _WARPERS:
+            continue
+        if name == "MinNewTokensLengthLogitsProcessor":
+            min_new = max(min_new, int(p.min_new_tokens))
+        elif name == "MinLengthLogitsProcessor":
+            min_new = max(min_new, int(p.min_length) - width)
+        elif name == "RepetitionPenaltyLogitsProcessor" and isinstance(p.prompt_ignore_length, torch.Tensor):
+            before.append(RepetitionPenaltyLogitsProcessor(p.penalty))  # per-row padding: none in our prefixes
+        else:
+            before.append(p)
+    eos = gc.eos_token_id
+    return Settings(cfg, before, [], min_new, int(gc.max_length) - width, [] if eos is None else eos, [], 1)
+
+
+def _criteria_hook(criteria: list, tokens: Any, device: torch.device) -> Any:
+    """``TextProcess.stop`` from transformers stopping criteria, on each row's unpadded sequence."""
+
+    def stop(rows: np.ndarray, start: np.ndarray, n_used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n_used = np.array(n_used, dtype=np.int64)
+        hit = np.zeros(len(rows), bool)
+        for i, r in enumerate(rows.tolist()):
+            s = int(start[i])
+            for p in range(s, s + int(n_used[i])):
+                seq = torch.as_tensor(tokens.ids[r, : p + 1], device=device)[None]
+                if any(bool(torch.as_tensor(c(seq, None)).reshape(-1)[0]) for c in criteria):
+                    n_used[i], hit[i] = p - s + 1, True
+                    break
+        return n_used, hit
+
+    return stop
+
+
+class _AfterPrompt:
+    """A streamer that already received the prompt from ``generate()``: drop our first ``put``."""
+
+    def __init__(self, streamer: Any) -> None:
+        self.streamer, self.first = streamer, True
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.first:
+            self.first = False
+            return
+        self.streamer.put(value)
+
+    def end(self) -> None:
+        self.streamer.end()
+
+
+def _generate_locals(depth: int = 8) -> dict[str, Any]:
+    """``assistant_model`` and ``streamer`` of the ``generate()`` call up the stack (transformers does
+    not pass them to a callable ``custom_generate``)."""
+    frame = inspect.currentframe()
+    try:
+        for _ in range(depth):
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                break
+            loc = frame.f_locals
+            if frame.f_code.co_name == "generate" and "assistant_model" in loc and "streamer" in loc:
+                return {"assistant_model": loc["assistant_model"], "streamer": loc["streamer"]}
+        return {}
+    finally:
+        del frame
+
+
+@torch.no_grad()
+def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: Any = None,
+                       stopping_criteria: Any = None, generation_config: Any = None,
+                       synced_gpus: bool = False, streamer: Any = None, *, draft: Any = None,
+                       lookahead: int | str = "auto", verify: str = "block", rng: int | None = None,
+                       **model_kwargs: Any) -> Any:
+    """The decoding loop of ``model.generate(..., custom_generate=speculate_decoding)`` (see the
+    module docstring)."""
+    seen = _generate_locals()
+    draft = draft if draft is not None else seen.get("assistant_model")
+    streamer = streamer if streamer is not None else seen.get("streamer")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise NotImplementedError("speculate_decoding serves decoder-only models; for encoder-decoders "
+                                  "use speculate.domains.text.SpeculativeGenerator")
+    gc = generation_config
+    for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+        if getattr(gc, flag, False):
+            raise ValueError(f"speculate_decoding does not return {flag.removeprefix('output_')} "
+                             f"({flag}=True); drop it")
+    gen = _generator(model, draft if draft is not None else "ngram", lookahead, verify)
+    B, W = input_ids.shape
+    s = _settings(gc, logits_processor, W)
+    mask = model_kwargs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask
+    seed = int(rng) if rng is not None else int(torch.randint(0, 2**62, (1,)).item())
+    req = gen._prepare(s, np.random.default_rng(seed), input_ids=input_ids, attention_mask=mask)
+    others = [c for c in (stopping_criteria or [])
+              if type(c).__name__ not in ("MaxLengthCriteria", "EosTokenCriteria")]
+    if any(type(c).__name__ == "MaxTimeCriteria" for c in others):
+        raise ValueError("max_time is not supported by speculate_decoding")
+    if others:
+        req.process.stop = _criteria_hook(others, req.tokens, input_ids.device)
+    feed = streamer_feed(_AfterPrompt(streamer), req.tokens) if streamer is not None else None
+    try:
+        for event in gen._events(req):
+            if feed is not None:
+                feed.round(event)
+    finally:
+        if feed is not None:
+            feed.end()
+    out = gen._output(req)
+    new = out.new_tokens
+    G = max((len(t) for t in new), default=0)
+    pad = getattr(gc, "_pad_token_tensor", None)
+    pad = int(pad.reshape(-1)[0]) if isinstance(pad, torch.Tensor) else gc.pad_token_id
+    pad = pad if pad is not None else (int(req.process.eos[0]) if len(req.process.eos) else 0)
+    tail = torch.full((B, G), int(pad), dtype=input_ids.dtype)
+    for r, t in enumerate(new):
+        tail[r, : len(t)] = torch.as_tensor(t, dtype=input_ids.dtype)
+    sequences = torch.cat([input_ids, tail.to(input_ids.device)], dim=1)
+    if getattr(gc, "return_dict_in_generate", False):
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
