@@ -2,6 +2,7 @@
 
     python benchmarks/text/train_pair.py --size small   # -> domains/text/models (embedded)
     python benchmarks/text/train_pair.py --size large   # -> benchmarks/text/models/large
+    python benchmarks/text/train_pair.py --size mamba   # -> benchmarks/text/models/mamba (state-space)
 
 Stages: (1) train the target as a language model; (2) pre-train the draft as a language model;
 (3) distil the draft toward the target with ``speculate.domains.text.distill`` (optionally trying several
@@ -11,11 +12,20 @@ disk and measure what was saved: held-out loss (nats and bits per byte), accepta
 ``alpha = E[sum_x min(p, q)]`` at temperature 1 before and after distillation, batch-1 forward
 latency and the cost ratio c. Results go to benchmarks/results/text_train[_large].{json,md}.
 Everything runs on 1 CPU thread (``--threads``) and is seeded.
+
+The ``mamba`` preset trains a ``MambaForCausalLM`` pair the same way. transformers' Mamba has no
+CPU kernels: it runs its torch-only sequential scan, whose backward (one indexing of the
+``[B, D, T, N]`` discretised tensors per position, each giving a full-size gradient) dominates a
+training step; :func:`mamba_training_scan` swaps in the same arithmetic with ``unbind`` (bitwise the
+same outputs and gradients, checked at start; about 6x faster to train). Its batch-1 latencies
+are measured through the model's own ``cache_params`` (1 token) and through speculate's
+``CachedModel`` (k+1 tokens, the verification call), since a recurrent cache cannot be cropped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -25,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -50,6 +61,16 @@ class ModelSpec:
     heads: int
     mlp: int
     context: int
+
+
+@dataclass
+class MambaSpec:
+    layers: int
+    dim: int
+    state: int
+    context: int
+    expand: int = 2
+    conv: int = 4
 
 
 @dataclass
@@ -95,6 +116,26 @@ PRESETS = {
         out=ROOT / "benchmarks" / "text" / "models" / "large",
         results="text_train_large",
     ),
+    # A state-space pair (issue 13). Sized for about 25 minutes on one shared CPU thread: measured
+    # with the unbind scan (mamba_training_scan) at batch 8 x 128 on a loaded 2-core machine,
+    # a training step takes ~1.7 s for 6 x 128 (state 16), ~1.1 s for 4 x 128, ~2.5 s for
+    # 6 x 192 (transformers' own scan: ~6-9 s for 4 x 128), and ~0.13 s for the 1 x 64 draft;
+    # 6 layers keep the draft cheap relative to the target (c ~ 0.2; per-layer overhead dominates
+    # a forward this small). Hence 600 target steps (~17 min), 1500 draft steps (~3 min) and
+    # 150 distillation steps on 128-token windows (~2 s per step with the target's forward and
+    # the draft's on-policy samples: ~5 min).
+    "mamba": dict(
+        arch="mamba",
+        target=MambaSpec(layers=6, dim=128, state=16, context=128),
+        draft=MambaSpec(layers=1, dim=64, state=16, context=128),
+        target_train=TrainSpec(steps=600, batch=8, lr=2e-3, warmup=50),
+        draft_train=TrainSpec(steps=1500, batch=8, lr=3e-3, warmup=50),
+        distill=DistillSpec(steps=150, batch=16, prefix_len=64, continuation_len=64, lr=1e-3,
+                            on_policy=1.0, divergences=("tv",)),
+        max_mb=dict(target=16.0, draft=4.0),
+        out=ROOT / "benchmarks" / "text" / "models" / "mamba",
+        results="text_train_mamba",
+    ),
 }
 
 
@@ -110,6 +151,82 @@ def llama(spec: ModelSpec):
     return LlamaForCausalLM(cfg)
 
 
+def mamba(spec: MambaSpec):
+    from transformers import MambaConfig, MambaForCausalLM
+
+    cfg = MambaConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=spec.dim, state_size=spec.state,
+        num_hidden_layers=spec.layers, expand=spec.expand, conv_kernel=spec.conv,
+        tie_word_embeddings=True, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    return MambaForCausalLM(cfg)
+
+
+def build(spec: ModelSpec | MambaSpec):
+    """A freshly initialised model for ``spec`` (Llama or Mamba)."""
+    return mamba(spec) if isinstance(spec, MambaSpec) else llama(spec)
+
+
+def spec_text(c: dict) -> str:
+    """``layers x dim (heads, mlp)``, or ``layers x dim (state N, expand E)`` for Mamba."""
+    if "state" in c:
+        return f"{c['layers']} x {c['dim']} (state {c['state']}, expand {c['expand']})"
+    return f"{c['layers']} x {c['dim']} ({c['heads']}, {c['mlp']})"
+
+
+def _unbind_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None,
+                 delta_softplus=False, return_last_state=False, **kwargs):
+    """transformers' torch-only ``mamba_selective_scan`` (sequential path), stepping over
+    ``unbind`` slices instead of indexing: the same operations in the same order."""
+    batch, inner, _ = hidden_states.shape
+    dtype = hidden_states.dtype
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dt.dtype)[..., None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    B, C = B.transpose(1, 2), C.transpose(1, 2)  # [b, T, N]
+    dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # [b, D, T, N]
+    dBu = dt[:, :, :, None] * B[:, None, :, :].float() * hidden_states[:, :, :, None].float()
+    h = torch.zeros(batch, inner, A.shape[-1], dtype=dtype, device=hidden_states.device)
+    ys = []
+    for a, b, c in zip(dA.unbind(2), dBu.unbind(2), C.unbind(1), strict=True):
+        h = a * h + b
+        ys.append(torch.matmul(h.to(dtype), c.unsqueeze(-1))[:, :, 0])
+    y = torch.stack(ys, dim=-1)
+    if D is not None:
+        y = y + hidden_states * D[None, :, None]
+    if z is not None:
+        y = y * F.silu(z)
+    return (y, h) if return_last_state else y
+
+
+@contextlib.contextmanager
+def mamba_training_scan(active: bool = True):
+    """Run transformers' Mamba with :func:`_unbind_scan` inside the block (after checking on a
+    small model that its logits and gradients are bitwise those of transformers' own scan)."""
+    if not active:
+        yield
+        return
+    import transformers.models.mamba.modeling_mamba as mm
+
+    original = mm.mamba_selective_scan
+    try:
+        grads = []
+        for scan in (original, _unbind_scan):
+            mm.mamba_selective_scan = scan
+            torch.manual_seed(0)
+            m = mamba(MambaSpec(layers=2, dim=32, state=8, context=16)).train()
+            ids = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))
+            logits = m(input_ids=ids[:, :-1], use_cache=False).logits
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).backward()
+            grads.append([logits.detach()] + [p.grad for p in m.parameters()])
+        if not all(torch.equal(a, b) for a, b in zip(*grads, strict=True)):
+            raise RuntimeError("the unbind scan does not reproduce transformers' Mamba scan")
+        mm.mamba_selective_scan = _unbind_scan
+        yield
+    finally:
+        mm.mamba_selective_scan = original
+
+
 def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -117,8 +234,10 @@ def n_params(model) -> int:
 def train_lm(model, stream: torch.Tensor, spec: TrainSpec, context: int, seed: int, log) -> list:
     """Next-byte cross-entropy, AdamW, warm-up + cosine to 10%, grad clip 1. Returns the curve."""
     gen = torch.Generator().manual_seed(seed)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
+    # no decay on vectors, nor on Mamba's A_log and D (its recipe's _no_weight_decay)
+    ssm = {n for n, _ in model.named_parameters() if n.endswith(("A_log", ".D"))}
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n not in ssm]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2 or n in ssm]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=spec.lr,
                             betas=(0.9, 0.95))
@@ -189,13 +308,45 @@ def latency_ms(model, n_new: int, prefix: int = 128, reps: int = 200) -> float:
     return 1e3 * ts[len(ts) // 2]
 
 
+@torch.inference_mode()
+def latency_ms_recurrent(model, n_new: int, prefix: int = 128, reps: int = 200) -> float:
+    """:func:`latency_ms` for a recurrent model (its cache cannot be cropped): one token through
+    the model's own ``cache_params`` (the state advances by one token per repetition, which
+    does not change the work); ``n_new`` > 1 tokens as speculate's verification call, a
+    ``CachedModel`` forward from the prefix's state that is never committed (a free rollback)."""
+    from speculate.domains.text.kv_cache import CachedModel
+
+    ids = torch.randint(0, 256, (1, prefix), generator=torch.Generator().manual_seed(0))
+    x = ids[:, :n_new]
+    if n_new == 1:
+        cache = model(input_ids=ids, use_cache=True).cache_params
+
+        def call():
+            model(input_ids=x, cache_params=cache, use_cache=True)
+    else:
+        lm = CachedModel(model)
+        lm.reset(batch=1, capacity=prefix + n_new)
+        lm.forward(ids, np.array([0]))
+        lm.keep(np.array([prefix]))
+
+        def call():
+            lm.forward(x, np.array([prefix]))
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return 1e3 * ts[len(ts) // 2]
+
+
 def save(model, folder: Path, max_mb: float, tok: ByteTokenizer) -> dict:
     """Save in float32, or float16 if float32 exceeds ``max_mb``; config says load as float32."""
     folder.mkdir(parents=True, exist_ok=True)
     for f in folder.iterdir():
         f.unlink()
     dtype = torch.float32 if 4 * n_params(model) / 1e6 <= max_mb * 0.995 else torch.float16
-    copy = llama_like(model)
+    copy = llama_like(model) if isinstance(model, _llama_class()) else type(model)(model.config)
     copy.load_state_dict(model.state_dict())
     copy.to(dtype).save_pretrained(folder)
     cfg_file = folder / "config.json"
@@ -208,6 +359,12 @@ def save(model, folder: Path, max_mb: float, tok: ByteTokenizer) -> dict:
         raise RuntimeError(f"{folder} weighs {mb:.2f} MB > {max_mb} MB")
     return {"stored_dtype": str(dtype).removeprefix("torch."), "safetensors_mb": round(mb, 3),
             "folder_mb": round(sum(f.stat().st_size for f in folder.iterdir()) / 1e6, 3)}
+
+
+def _llama_class():
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM
 
 
 def llama_like(model):
@@ -231,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="multiply all step counts (e.g. 0.02 for a smoke run)")
     ap.add_argument("--eval-windows", type=int, default=128)
     ap.add_argument("--draft", default=None, metavar="L,D,H,MLP",
-                    help="override the draft's layers, width, heads, MLP width")
+                    help="override the draft's layers, width, heads, MLP width (Mamba: L,D,STATE)")
     ap.add_argument("--divergences", default=None, help="comma-separated, e.g. tv,fkl")
     ap.add_argument("--distill-steps", type=int, default=None)
     ap.add_argument("--render", action="store_true",
@@ -258,7 +415,11 @@ def main(argv: list[str] | None = None) -> dict:
         return report
     env = machine()
     tspec, dspec = P["target"], P["draft"]
-    if args.draft:
+    is_mamba = P.get("arch", "llama") == "mamba"
+    if args.draft and is_mamba:
+        layers, dim, state = (int(x) for x in args.draft.split(","))
+        dspec = MambaSpec(layers, dim, state, dspec.context)
+    elif args.draft:
         layers, dim, heads, mlp = (int(x) for x in args.draft.split(","))
         dspec = ModelSpec(layers, dim, heads, mlp, dspec.context)
 
@@ -303,10 +464,11 @@ def main(argv: list[str] | None = None) -> dict:
             timing[key] = prior.get("timing", {}).get(key, float("nan"))
         curves["target"] = prior.get("curves", {}).get("target", [])
     else:
-        target = llama(tspec)
+        target = build(tspec)
         log(f"target: {tspec} {n_params(target) / 1e6:.3f} M params; training {tt}")
         t0, c0 = time.perf_counter(), time.process_time()
-        curves["target"] = train_lm(target, tr_stream, tt, tspec.context, args.seed, log)
+        with mamba_training_scan(is_mamba):
+            curves["target"] = train_lm(target, tr_stream, tt, tspec.context, args.seed, log)
         timing["target_train_s"] = time.perf_counter() - t0
         timing["target_train_cpu_s"] = time.process_time() - c0
         save(target, out / "target", P["max_mb"]["target"], tok)
@@ -316,10 +478,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     # (2) draft language-model pre-training
     torch.manual_seed(args.seed + 1)
-    draft = llama(dspec)
+    draft = build(dspec)
     log(f"draft: {dspec} {n_params(draft) / 1e6:.3f} M params; pre-training {dt}")
     t0, c0 = time.perf_counter(), time.process_time()
-    curves["draft_pretrain"] = train_lm(draft, tr_stream, dt, dspec.context, args.seed + 1, log)
+    with mamba_training_scan(is_mamba):
+        curves["draft_pretrain"] = train_lm(draft, tr_stream, dt, dspec.context, args.seed + 1,
+                                            log)
     timing["draft_pretrain_s"] = time.perf_counter() - t0
     timing["draft_pretrain_cpu_s"] = time.process_time() - c0
 
@@ -345,10 +509,12 @@ def main(argv: list[str] | None = None) -> dict:
     for div in ds.divergences:
         draft.load_state_dict(pre_state)
         t0 = time.perf_counter()
-        res = distill(target, draft, texts, divergence=div, steps=ds.steps, batch_size=ds.batch,
-                      prefix_len=ds.prefix_len, continuation_len=ds.continuation_len,
-                      on_policy=ds.on_policy, lr=ds.lr, eval_texts=[he_stream], eval_batch=32,
-                      eval_every=max(1, ds.steps // 6), rng=args.seed + 2, log=log)
+        with mamba_training_scan(is_mamba):
+            res = distill(target, draft, texts, divergence=div, steps=ds.steps,
+                          batch_size=ds.batch, prefix_len=ds.prefix_len,
+                          continuation_len=ds.continuation_len, on_policy=ds.on_policy, lr=ds.lr,
+                          eval_texts=[he_stream], eval_batch=32,
+                          eval_every=max(1, ds.steps // 6), rng=args.seed + 2, log=log)
         el = time.perf_counter() - t0
         after = alphas(draft)
         log(f"distill {div}: {el:.0f}s {after}")
@@ -368,14 +534,15 @@ def main(argv: list[str] | None = None) -> dict:
     target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
     loss_t, loss_d = heldout_loss(target, windows), heldout_loss(draft, windows)
-    draft_pre = llama(dspec)
+    draft_pre = build(dspec)
     draft_pre.load_state_dict(pre_state)
     loss_pre = heldout_loss(draft_pre.eval(), windows)
     after = alphas(draft)
     lat = {}
     for name, m in (("target", target), ("draft", draft)):
         for n_new in (1, 5):
-            lat[f"{name}_{n_new}tok_ms"] = latency_ms(m, n_new)
+            lat[f"{name}_{n_new}tok_ms"] = (latency_ms_recurrent if is_mamba else latency_ms)(
+                m, n_new)
     c = lat["draft_1tok_ms"] / lat["target_1tok_ms"]
 
     def nb(x: float) -> dict:
@@ -384,6 +551,8 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "command": command,
         "size": args.size,
+        **({"arch": "mamba", "train_scan": "mamba_training_scan (unbind; bitwise transformers' "
+            "torch scan)"} if is_mamba else {}),
         "seed": args.seed,
         "out": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out),
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
@@ -407,7 +576,11 @@ def main(argv: list[str] | None = None) -> dict:
                   "every position of the held-out windows; target_samples: 64 held-out "
                   "prefixes of 128 bytes continued by 128 bytes sampled from the target"},
         "latency_batch1": {**{k: round(v, 4) for k, v in lat.items()}, "c": round(c, 4),
-                           "note": "median of 200 HF forwards with a 128-token KV cache, "
+                           "note": ("median of 200 forwards after a 128-token prefix, 1 thread: "
+                                    "1 token through the model's own cache_params, 5 tokens as "
+                                    "speculate's CachedModel verification call; c = draft / "
+                                    "target for 1 token") if is_mamba else
+                           "median of 200 HF forwards with a 128-token KV cache, "
                            "1 thread; c = draft / target for 1 token"},
         "timing": {k: round(v, 1) for k, v in timing.items()},
         "curves": curves,
@@ -457,13 +630,15 @@ def markdown(r: dict) -> str:
         f"train {r['corpus']['train_files']} files / {r['corpus']['train_bytes']:,} bytes, "
         f"held-out {r['corpus']['heldout_files']} files / {r['corpus']['heldout_bytes']:,} bytes.",
         "",
-        "| model | layers x dim (heads, mlp) | params | stored | file MB | held-out nats/byte |"
-        " bits/byte |",
+        ("| model | layers x dim (state, expand) | params | stored | file MB | held-out nats/byte |"
+         " bits/byte |") if "state" in t["config"] else
+        ("| model | layers x dim (heads, mlp) | params | stored | file MB | held-out nats/byte |"
+         " bits/byte |"),
         "|---|---|---|---|---|---|---|",
     ]
     for name, m, loss in (("target", t, h["target"]), ("draft", d, h["draft"])):
         c = m["config"]
-        rows.append(f"| {name} | {c['layers']} x {c['dim']} ({c['heads']}, {c['mlp']}) | "
+        rows.append(f"| {name} | {spec_text(c)} | "
                     f"{m['params']:,} | {m['stored_dtype']} | {m['safetensors_mb']} | "
                     f"{loss['nats_per_byte']} | {loss['bits_per_byte']} |")
     rows += [

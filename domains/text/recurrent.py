@@ -48,10 +48,13 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["LOG_LIMIT", "Feed", "RecurrentLayers", "RowState", "conv_window", "where_rows"]
+__all__ = ["LOG_LIMIT", "STATE_LOG_LIMIT", "Feed", "RecurrentLayers", "RowState", "conv_window", "where_rows"]
 
 #: forwards wider than this many tokens (prompts) are not logged: only their cursor is committed
 LOG_LIMIT = 64
+#: recurrent states of at most this many elements per row are logged after every slot too, so that a
+#: rollback is one gather instead of a replay (larger states: the step inputs are replayed)
+STATE_LOG_LIMIT = 1 << 16
 
 
 def where_rows(mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -98,6 +101,7 @@ class RowState:
         self.state: torch.Tensor | None = None  # [R, ...] committed recurrent state
         self.log_conv: torch.Tensor | None = None  # [R, cap, C] convolution inputs at slots length + j
         self.log_step: tuple[torch.Tensor, ...] = ()  # [R, cap, ...] step inputs at slots length + j
+        self.log_state: torch.Tensor | None = None  # [R, cap, ...] states after slot length + j (small states)
         self.logged = np.zeros(0, np.int64)  # [R] slots 0 .. logged - 1 of the log are valid
         self.cur_at = np.zeros(0, np.int64)  # [R] the cursor's slot (relative to length)
         self.cur_conv: torch.Tensor | None = None
@@ -112,7 +116,12 @@ class RowState:
         self.conv, self.state = conv, state
         self.logged = np.zeros(conv.shape[0], np.int64)
         self.cur_at, self.cur_conv, self.cur_state = self.logged.copy(), conv, state
-        self.log_conv, self.log_step = None, ()
+        self.log_conv, self.log_step, self.log_state = None, (), None
+
+    def logs_states(self) -> bool:
+        """Whether forwards should hand :meth:`end` the state after every column (small states)."""
+        h = self.state
+        return h is not None and h[0].numel() <= STATE_LOG_LIMIT
 
     def release(self) -> None:
         self.__init__(self.k1 + 1, self.step)
@@ -130,8 +139,9 @@ class RowState:
         self.logged, self.cur_at = self.logged[keep], self.cur_at[keep]
         if self.logged.any():
             self.log_conv, self.log_step = pick(self.log_conv), tuple(pick(t) for t in self.log_step)
+            self.log_state = pick(self.log_state)
         else:
-            self.log_conv, self.log_step = None, ()
+            self.log_conv, self.log_step, self.log_state = None, (), None
 
     def at(self, o: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The convolution window ``[R, K-1, C]`` and the state ``o[r]`` slots past the committed one."""
@@ -151,7 +161,10 @@ class RowState:
             mask = torch.from_numpy(other).to(dev)
             full = torch.cat([self.conv, self.log_conv], dim=1)
             conv = where_rows(mask, conv_window(full, n, self.k1), conv)
-            if h is not None:
+            if h is not None and self.log_state is not None:  # the state after slot n - 1: a gather
+                after = self.log_state[torch.arange(len(o), device=dev), (n - 1).clamp(min=0)]
+                h = where_rows(mask, after, h)
+            elif h is not None:
                 for t in range(int(o[other].max())):  # the replay: the kept slots' step inputs
                     h = where_rows(t < n, self.step(h, tuple(x[:, t] for x in self.log_step)), h)
         if cur.any():
@@ -162,10 +175,11 @@ class RowState:
         return conv, h
 
     def end(self, feed: Feed, cols: torch.Tensor, steps: tuple[torch.Tensor, ...],
-            state: torch.Tensor | None, conv: torch.Tensor) -> None:
+            state: torch.Tensor | None, conv: torch.Tensor, states: torch.Tensor | None = None) -> None:
         """Record a forward (``feed``; started from the window ``conv``): its convolution inputs
-        ``cols`` ``[R, W, C]``, step inputs ``steps`` (``[R, W, ...]`` each), and ``state``, the
-        state after each row's valid columns (the new cursor)."""
+        ``cols`` ``[R, W, C]``, step inputs ``steps`` (``[R, W, ...]`` each), ``state``, the
+        state after each row's valid columns (the new cursor), and (when :meth:`logs_states`)
+        ``states`` ``[R, W, ...]``, the state after every column."""
         R, W = cols.shape[:2]
         o = feed.offset
         self.cur_at = o + feed.valid
@@ -182,17 +196,23 @@ class RowState:
             self.log_conv = grow(self.log_conv, cols.new_empty(R, cap, *cols.shape[2:]))
             self.log_step = tuple(grow(old, s.new_empty(R, cap, *s.shape[2:])) for old, s in
                                   zip(self.log_step or (None,) * len(steps), steps, strict=True))
+            if states is not None:
+                self.log_state = grow(self.log_state, states.new_empty(R, cap, *states.shape[2:]))
         if (o == o[0]).all():
             sl = slice(int(o[0]), int(o[0]) + W)
             self.log_conv[:, sl] = cols
             for log, s in zip(self.log_step, steps, strict=True):
                 log[:, sl] = s
+            if states is not None:
+                self.log_state[:, sl] = states
         else:
             rows = torch.arange(R, device=cols.device)[:, None]
             slots = torch.from_numpy(o).to(cols.device)[:, None] + torch.arange(W, device=cols.device)[None, :]
             self.log_conv[rows, slots] = cols
             for log, s in zip(self.log_step, steps, strict=True):
                 log[rows, slots] = s
+            if states is not None:
+                self.log_state[rows, slots] = states
         self.logged = np.where(o <= self.logged, o + feed.valid, self.logged)
 
     def keep(self, n: np.ndarray) -> None:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from .recurrent import Feed, RowState
+from .recurrent import LOG_LIMIT, Feed, RowState
 
 __all__ = ["MIXERS", "GatedDeltaNet", "Mamba", "Mamba2", "ShortConv", "find_mixers", "unknown_recurrent"]
 
@@ -51,19 +51,23 @@ def _conv(conv: torch.nn.Conv1d, window: torch.Tensor, cols: torch.Tensor, act: 
     return out.to(cols.dtype)  # [R, W, C]
 
 
-def _scan(step, readout, h: torch.Tensor, steps: tuple[torch.Tensor, ...], feed: Feed
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outputs ``[R, W, ...]`` of the recurrence over the W columns of ``steps`` from ``h``, and the
-    state after each row's ``feed.valid[r]`` columns (later columns pad a ragged block)."""
-    ys = []
+def _scan(step, readout, h: torch.Tensor, steps: tuple[torch.Tensor, ...], feed: Feed, st: RowState
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Outputs ``[R, W, ...]`` of the recurrence over the W columns of ``steps`` from ``h``, the
+    state after each row's ``feed.valid[r]`` columns (later columns pad a ragged block), and the
+    states after every column ``[R, W, ...]`` when ``st`` logs them (small states; else None)."""
+    ys, hs = [], []
+    keep_all = st.logs_states() and steps[0].shape[1] <= LOG_LIMIT
     cur = None if feed.ends is None else h.clone()
     for t in range(steps[0].shape[1]):
         h = step(h, tuple(s[:, t] for s in steps))
         ys.append(readout(h, t))
+        if keep_all:
+            hs.append(h)
         rows = None if feed.ends is None else feed.ends.get(t + 1)
         if rows is not None:
             cur.index_copy_(0, rows, h.index_select(0, rows))
-    return torch.stack(ys, dim=1), (h if cur is None else cur)
+    return torch.stack(ys, dim=1), (h if cur is None else cur), (torch.stack(hs, dim=1) if keep_all else None)
 
 
 class Mamba:
@@ -98,9 +102,9 @@ class Mamba:
         if m.dt_proj.bias is not None:
             dt = dt + m.dt_proj.bias.float().to(dt.dtype)
         dt = F.softplus(dt)
-        y, h = _scan(self.step, lambda s, t: (s.to(dtype) @ C[:, t, :, None])[..., 0], h, (dt, x, B), feed)
+        y, h, hs = _scan(self.step, lambda s, t: (s.to(dtype) @ C[:, t, :, None])[..., 0], h, (dt, x, B), feed, st)
         y = (y + x * m.D.float()) * F.silu(gate)
-        st.end(feed, xin, (dt, x, B), h, conv0)
+        st.end(feed, xin, (dt, x, B), h, conv0, hs)
         return m.out_proj(y.to(dtype))
 
 
@@ -146,14 +150,14 @@ class Mamba2:
         def readout(s: torch.Tensor, t: int) -> torch.Tensor:
             return (s * self._heads(C[:, t])[:, :, None, :]).sum(-1).reshape(R, -1)  # [R, Di]
 
-        y, h = _scan(self.step, readout, h, (dt, x, B), feed)
+        y, h, hs = _scan(self.step, readout, h, (dt, x, B), feed, st)
         D = m.D[:, None].expand(-1, m.head_dim).reshape(-1)
         y = y + D * x.float()
         if getattr(m, "mamba_rms_norm", True):
             y = m.norm(y, gate)
         else:
             y = y * F.silu(gate)
-        st.end(feed, xin, (dt, x, B), h, conv0)
+        st.end(feed, xin, (dt, x, B), h, conv0, hs)
         return m.out_proj(y.to(dtype))
 
 
@@ -212,9 +216,9 @@ class GatedDeltaNet:
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         beta = b.sigmoid().float()
         g = (-m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)).float()
-        y, h = _scan(self.step, lambda s, t: (s * q[:, t, :, :, None]).sum(dim=-2), h, (k, v, g, beta), feed)
+        y, h, hs = _scan(self.step, lambda s, t: (s * q[:, t, :, :, None]).sum(dim=-2), h, (k, v, g, beta), feed, st)
         y = m.norm(y.to(dtype).reshape(-1, dv), z.reshape(-1, dv)).reshape(R, W, -1)
-        st.end(feed, xin, (k, v, g, beta), h, conv0)
+        st.end(feed, xin, (k, v, g, beta), h, conv0, hs)
         return m.out_proj(y)
 
 

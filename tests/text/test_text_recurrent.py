@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from speculate.domains.text import recurrent
 from speculate.domains.text.families import FAMILIES, tiny_model
 from speculate.domains.text.kv_cache import CachedModel, check_model
 from speculate.domains.text.recurrent import Feed, RowState
@@ -56,9 +57,14 @@ def _check_rows(model, lm: CachedModel, seqs: list[list[int]]) -> None:
         torch.testing.assert_close(got[r], full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["gather", "replay"])
 @pytest.mark.parametrize("as_draft", [False, True], ids=["one block", "draft steps"])
 @pytest.mark.parametrize("fam", RECURRENT, ids=lambda f: f.name)
-def test_rejection_at_every_position_restores_the_exact_state(fam, as_draft):
+def test_rejection_at_every_position_restores_the_exact_state(fam, as_draft, path, monkeypatch):
+    """Both rollbacks: the logged state after the kept slot (small states) and the replay of the
+    kept slots' step inputs (states over ``STATE_LOG_LIMIT`` elements per row)."""
+    if path == "replay":
+        monkeypatch.setattr(recurrent, "STATE_LOG_LIMIT", 0)
     model = tiny_model(fam)
     R = K + 2
     prompts = PROMPTS[:R]
@@ -78,14 +84,19 @@ def test_rejection_at_every_position_restores_the_exact_state(fam, as_draft):
             lm.forward(block[:, j : j + 1], start + j)
     else:
         lm.forward(block, start)
+    logged = [st.log_state is not None for st in lm.recurrent.states if st.state is not None]
+    assert all(logged) if path == "gather" else not any(logged)  # the path under test runs
     keep = np.arange(R)
     lm.keep(keep)
     _check_rows(model, lm, [p + block[r, : keep[r]].tolist() for r, p in enumerate(prompts)])
 
 
-def test_rollback_through_drops_and_ragged_blocks():
+@pytest.mark.parametrize("path", ["gather", "replay"])
+def test_rollback_through_drops_and_ragged_blocks(path, monkeypatch):
     """Rows leave the batch between rounds, blocks are ragged (``valid``), and rows roll back by
     different amounts over several rounds: states stay those of the kept sequences."""
+    if path == "replay":
+        monkeypatch.setattr(recurrent, "STATE_LOG_LIMIT", 0)
     fam = next(f for f in RECURRENT if f.model_type == "jamba")  # Mamba and attention layers
     model = tiny_model(fam)
     rng = np.random.default_rng(3)
