@@ -1,4 +1,5 @@
-"""The `speculate` command line: `speculate demo [engine|text|rl|physics|all] [--quick]`."""
+"""The `speculate` command line: `speculate demo [engine|text|rl|physics|image|all] [--quick]`,
+`speculate generate [--prompt TEXT] ...` (text generation, see speculate.domains.text.cli)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ DEMOS = {
     "text": "speculate.domains.text.demo",
     "rl": "speculate.domains.rl.demo",
     "physics": "speculate.domains.physics.demo",
+    "image": "speculate.domains.diffusion.demo",
 }
 DEFAULT = ["engine", "text"]
 
@@ -19,16 +21,32 @@ def _run(name: str, rest: list[str]) -> int:
     try:
         mod = importlib.import_module(DEMOS[name])
     except ImportError as err:
-        extra = {"engine": "", "text": "text", "rl": "rl", "physics": "physics"}[name]
+        extra = {"engine": "", "text": "text", "rl": "rl", "physics": "physics", "image": "diffusion"}[name]
         print(f"speculate demo {name}: missing dependency ({err}); install with: pip install 'speculate[{extra}]'")
         return 1
     return int(mod.demo(rest) or 0)
 
 
+def _generate(argv: list[str]) -> int:
+    try:
+        from speculate.domains.text.cli import main as generate
+    except ImportError as err:
+        print(f"speculate generate: missing dependency ({err}); install with: pip install 'speculate[text]'",
+              file=sys.stderr)
+        return 1
+    return int(generate(argv) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["generate"]:  # its own parser: speculate generate --help
+        return _generate(argv[1:])
     parser = argparse.ArgumentParser(prog="speculate", description="Exact speculative sampling.")
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run a demo: engine, text, rl, physics, or all (default: engine and text)")
+    sub.add_parser("generate", help="generate text with speculative decoding (default: the embedded "
+                                    "pair); see speculate generate --help", add_help=False)
+    d = sub.add_parser("demo", help="run a demo: engine, text, rl, physics, image, or all "
+                                    "(default: engine and text)")
     d.add_argument("which", nargs="?", choices=[*DEMOS, "all"], default=None)
     d.add_argument("--quick", action="store_true", help="a shorter run")
     args, rest = parser.parse_known_args(argv)
