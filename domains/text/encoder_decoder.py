@@ -178,14 +178,15 @@ def decoder_length_limit(model: Any) -> list[tuple[int, str]]:
 @contextlib.contextmanager
 def _at_positions(scheme: _Positions, pos: torch.Tensor) -> Iterator[None]:
     """Give the decoder the positions ``pos`` ``[R, W]`` (per row) for one forward."""
-    handles: list[Any] = []
+    table = scheme.table
     try:
-        if scheme.table is not None:
-            def table_hook(module: Any, args: Any, out: torch.Tensor) -> torch.Tensor:
-                w = module.weight
-                return torch.nn.functional.embedding(pos.to(w.device) + scheme.offset, w).to(out.dtype)
+        if table is not None:  # replaces the table's own forward, which would index from the cache's
+            # length and could run past the table on the padded columns of a ragged block
+            def table_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+                w = table.weight
+                return torch.nn.functional.embedding(pos.to(w.device) + scheme.offset, w)
 
-            handles.append(scheme.table.register_forward_hook(table_hook))
+            table.forward = table_forward
         for attn in scheme.biased:
             def bias(query_length: int, key_length: int, device: Any = None, *args: Any,
                      _a: Any = attn, **kwargs: Any) -> torch.Tensor:
@@ -200,8 +201,8 @@ def _at_positions(scheme: _Positions, pos: torch.Tensor) -> Iterator[None]:
             attn.compute_bias = bias
         yield
     finally:
-        for h in handles:
-            h.remove()
+        if table is not None:
+            table.__dict__.pop("forward", None)
         for attn in scheme.biased:
             attn.__dict__.pop("compute_bias", None)
 

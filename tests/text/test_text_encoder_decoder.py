@@ -411,3 +411,23 @@ def test_bad_pairs_raise_before_any_work():
     ]
     for models, fn, match in cases:
         _no_forward(models, fn, match)
+
+
+@pytest.mark.parametrize("fam", [f for f in SUPPORTED if f.model_type not in ("t5",)], ids=lambda f: f.name)
+def test_rows_ending_at_the_last_learned_position_next_to_rows_still_drafting(fam):
+    """The longest row's prompt plus max_new_tokens fills the decoder's position table exactly,
+    while shorter rows still draft a full block: the padded columns of its last blocks lie past the
+    table (they are never kept) and must neither fail nor change its tokens."""
+    from speculate.domains.text.encoder_decoder import _positions
+
+    target, draft = _pair(fam.name)
+    limit = _positions(target).limit
+    assert limit is not None
+    sources = _sources(fam, target, 4)
+    n = limit - max(len(d) for _, d in sources)
+    want = [_greedy(target, s, d, n) for s, d in sources]
+    out = _single_thread(lambda: SpeculativeGenerator(target, draft, lookahead=6).generate(
+        **_batch(sources), decoder_input_ids=[d for _, d in sources], max_new_tokens=n,
+        temperature=0, eos_token_id=[]))
+    assert out.sequences == want
+    assert max(len(s) for s in out.sequences) == limit
