@@ -1,4 +1,4 @@
-"""The `speculate` command line: `speculate demo [engine|text|rl|physics|image|all] [--quick]`,
+"""The `speculate` command line: `speculate demo [engine|text|rl|physics|image|speech|all] [--quick]`,
 `speculate generate [--prompt TEXT] ...` (text generation, see speculate.domains.text.cli)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ DEMOS = {
     "rl": "speculate.domains.rl.demo",
     "physics": "speculate.domains.physics.demo",
     "image": "speculate.domains.diffusion.demo",
+    "speech": "speculate.domains.text.speech_demo",
 }
 DEFAULT = ["engine", "text"]
 
@@ -21,7 +22,8 @@ def _run(name: str, rest: list[str]) -> int:
     try:
         mod = importlib.import_module(DEMOS[name])
     except ImportError as err:
-        extra = {"engine": "", "text": "text", "rl": "rl", "physics": "physics", "image": "diffusion"}[name]
+        extra = {"engine": "", "text": "text", "rl": "rl", "physics": "physics", "image": "diffusion",
+                 "speech": "text"}[name]
         print(f"speculate demo {name}: missing dependency ({err}); install with: pip install 'speculate[{extra}]'")
         return 1
     return int(mod.demo(rest) or 0)
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("generate", help="generate text with speculative decoding (default: the embedded "
                                     "pair); see speculate generate --help", add_help=False)
-    d = sub.add_parser("demo", help="run a demo: engine, text, rl, physics, image, or all "
+    d = sub.add_parser("demo", help="run a demo: engine, text, rl, physics, image, speech, or all "
                                     "(default: engine and text)")
     d.add_argument("which", nargs="?", choices=[*DEMOS, "all"], default=None)
     d.add_argument("--quick", action="store_true", help="a shorter run")
