@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         before = Path(tmp) / "before"
         subprocess.run(["git", "worktree", "add", "--detach", str(before), rev], cwd=ROOT, check=True,
                        capture_output=True)
+        # The editable install maps speculate.domains to THIS tree's domains/ folder; give the old
+        # revision's speculate package its own domains/ (a link), found first on its import path.
+        if (before / "domains").is_dir() and not (before / "speculate" / "domains").exists():
+            (before / "speculate" / "domains").symlink_to("../domains", target_is_directory=True)
         try:
             roots = {"before": before, "after": ROOT}
             for r in range(args.rounds):
