@@ -51,6 +51,7 @@ from speculate.domains.text.distill import (  # noqa: E402
     sample_continuations,
     sample_windows,
 )
+from speculate.domains.text.progress import progress_bar  # noqa: E402
 from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
 
 
@@ -243,7 +244,10 @@ def train_lm(model, stream: torch.Tensor, spec: TrainSpec, context: int, seed: i
                             betas=(0.9, 0.95))
     model.train()
     curve, t0, acc = [], time.perf_counter(), 0.0
+    bar_cm = progress_bar(spec.steps, "train", unit="step")  # shown on a terminal only
+    bar = bar_cm.__enter__()
     for step in range(spec.steps):
+        bar.update(1)
         if step < spec.warmup:
             lr = spec.lr * (step + 1) / spec.warmup
         else:
@@ -265,6 +269,7 @@ def train_lm(model, stream: torch.Tensor, spec: TrainSpec, context: int, seed: i
             log(f"  step {step + 1}/{spec.steps} loss {curve[-1][1]:.4f} nats "
                 f"lr {lr:.2e} {el:.0f}s ({el / (step + 1):.2f}s/step)")
             acc = 0.0
+    bar_cm.__exit__(None, None, None)
     model.eval()
     return curve
 
