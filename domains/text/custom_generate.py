@@ -25,8 +25,15 @@ The processors are applied per row to its unpadded prefix (:mod:`~speculate.doma
 prefix-free settings, the repetition penalty (which plain ``generate()`` also applies without the
 padding) and greedy decoding give exactly plain ``generate()``'s law / tokens.
 Stopping criteria (stop strings, user criteria) are evaluated on each row's unpadded sequence after
-each token, with ``scores=None``. Encoder-decoder models are not served here yet (use
-``SpeculativeGenerator`` directly).
+each token, with ``scores=None``.
+
+Encoder-decoder models (T5, BART, mBART, Marian): ``generate()`` hands the decoding loop the
+decoder prompts as ``input_ids`` and the encoder's input as ``inputs_tensor`` (with its
+``attention_mask``); the generator runs the encoder once per row itself, and the result is the
+decoder sequences (``[B, W + G]``; ``GenerateEncoderDecoderOutput`` with
+``return_dict_in_generate=True``), as plain ``generate()`` returns them. Whisper's own
+``generate()`` (timestamps, language detection, long-form) is not this path: use
+:class:`~speculate.domains.text.SpeculativeGenerator` with ``input_features=``.
 """
 
 from __future__ import annotations
@@ -145,15 +152,18 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
                        stopping_criteria: Any = None, generation_config: Any = None,
                        synced_gpus: bool = False, streamer: Any = None, *, draft: Any = None,
                        lookahead: int | str = "auto", verify: str = "block", rng: int | None = None,
-                       **model_kwargs: Any) -> Any:
+                       inputs_tensor: Any = None, **model_kwargs: Any) -> Any:
     """The decoding loop of ``model.generate(..., custom_generate=speculate_decoding)`` (see the
     module docstring)."""
     seen = _generate_locals()
     draft = draft if draft is not None else seen.get("assistant_model")
     streamer = streamer if streamer is not None else seen.get("streamer")
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise NotImplementedError("speculate_decoding serves decoder-only models; for encoder-decoders "
-                                  "use speculate.domains.text.SpeculativeGenerator")
+    seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+    if seq2seq and (inputs_tensor is None or inputs_tensor.is_floating_point()):
+        raise NotImplementedError(
+            f"speculate_decoding serves text encoder-decoders through generate(); for "
+            f"{type(model).__name__} with speech features use speculate.domains.text.SpeculativeGenerator"
+            "(target, draft).generate(input_features=...)")
     gc = generation_config
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(gc, flag, False):
@@ -163,9 +173,15 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
     B, W = input_ids.shape
     s = _settings(gc, logits_processor, W)
     mask = model_kwargs.get("attention_mask")
-    mask = torch.ones_like(input_ids) if mask is None else mask
     seed = int(rng) if rng is not None else int(torch.randint(0, 2**62, (1,)).item())
-    req = gen._prepare(s, np.random.default_rng(seed), input_ids=input_ids, attention_mask=mask)
+    if seq2seq:  # input_ids: the decoder prompts; the encoder reads inputs_tensor
+        enc_mask = torch.ones_like(inputs_tensor) if mask is None else mask
+        req = gen._prepare(s, np.random.default_rng(seed), input_ids=inputs_tensor, attention_mask=enc_mask,
+                           decoder_input_ids=input_ids,
+                           decoder_attention_mask=model_kwargs.get("decoder_attention_mask"))
+    else:
+        mask = torch.ones_like(input_ids) if mask is None else mask
+        req = gen._prepare(s, np.random.default_rng(seed), input_ids=input_ids, attention_mask=mask)
     others = [c for c in (stopping_criteria or [])
               if type(c).__name__ not in ("MaxLengthCriteria", "EosTokenCriteria")]
     if any(type(c).__name__ == "MaxTimeCriteria" for c in others):
@@ -191,7 +207,7 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
         tail[r, : len(t)] = torch.as_tensor(t, dtype=input_ids.dtype)
     sequences = torch.cat([input_ids, tail.to(input_ids.device)], dim=1)
     if getattr(gc, "return_dict_in_generate", False):
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
+        from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
-        return GenerateDecoderOnlyOutput(sequences=sequences)
+        return (GenerateEncoderDecoderOutput if seq2seq else GenerateDecoderOnlyOutput)(sequences=sequences)
     return sequences

@@ -112,3 +112,31 @@ def test_sampled_law(models):
         assert np.isfinite(r.statistic), r.detail
         stat, df = stat + r.statistic, df + r.df
     assert stats.chi2.sf(stat, df) > ALPHA, f"chi2={stat:.1f} df={df}: biased"
+
+
+@pytest.mark.parametrize("name", ["BART", "T5", "Marian"])
+def test_encoder_decoders_through_generate(name):
+    """generate() hands the decoding loop the decoder prompts and the encoder's input
+    (``inputs_tensor``): greedy equals plain generate(do_sample=False) on a ragged, right-padded
+    batch of different sources, with a draft model and with ngram; the dict output is the
+    encoder-decoder one. (That the encoder input matters to these models, so that a row mix-up
+    would show, is test_text_encoder_decoder.py's test_the_encoder_matters.)"""
+    from speculate.domains.text.families import family, perturbed, tiny_seq2seq
+
+    target = tiny_seq2seq(family(name))
+    draft = perturbed(target)
+    gc = target.generation_config
+    gc.forced_bos_token_id = gc.forced_eos_token_id = None  # not prefix-only: processors we refuse
+    sources = [[4, 5, 6, 7, 8], [9, 3, 3], [10, 11, 12, 13, 14, 3, 4]]
+    W = max(len(s) for s in sources)
+    pad = int(target.config.pad_token_id or 0)
+    ids = torch.tensor([s + [pad] * (W - len(s)) for s in sources])
+    mask = torch.tensor([[1] * len(s) + [0] * (W - len(s)) for s in sources])
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, min_new_tokens=12)
+    ref = target.generate(**kw)
+    for d in ({"assistant_model": draft}, {"draft": "ngram"}):
+        out = target.generate(**kw, custom_generate=speculate_decoding, **d)
+        assert torch.equal(out, ref), (name, d)
+    res = target.generate(**kw, assistant_model=draft, custom_generate=speculate_decoding,
+                          return_dict_in_generate=True)
+    assert type(res).__name__ == "GenerateEncoderDecoderOutput" and torch.equal(res.sequences, ref)
