@@ -179,29 +179,34 @@ class ModelDraft:
 
 
 @nb.njit(cache=True, nogil=True)
-def _lookup(ids, n, rows, k, max_n, min_n):  # pragma: no cover - compiled
-    """Per row: up to k tokens after the latest earlier match of its longest matching suffix."""
+def _lookup(hay, hay_n, ids, n, rows, k, max_n, min_n):  # pragma: no cover - compiled
+    """Per row: up to k tokens of ``hay[row]`` (its first ``hay_n[row]``) after the latest window
+    ``hay[s : s+g]`` followed by a token that equals the row's last g tokens (g from max_n down to
+    min_n). Prompt lookup passes the rows' own tokens as ``hay`` (the suffix itself is never a
+    match: it has no token after it); encoder-decoders their source ids."""
     R = rows.shape[0]
     out = np.zeros((R, k), np.int64)
     lengths = np.zeros(R, np.int64)
     for i in range(R):
         seq = ids[rows[i]]
         L = n[rows[i]]
-        for g in range(min(max_n, L - 1), min_n - 1, -1):
+        S = hay_n[rows[i]]
+        h = hay[rows[i]]
+        for g in range(min(max_n, L), min_n - 1, -1):
             found = -1
-            for s in range(L - g - 1, -1, -1):  # window seq[s:s+g], followed by seq[s+g]
+            for s in range(S - g - 1, -1, -1):  # window h[s:s+g], followed by h[s+g]
                 same = True
                 for j in range(g):
-                    if seq[s + j] != seq[L - g + j]:
+                    if h[s + j] != seq[L - g + j]:
                         same = False
                         break
                 if same:
                     found = s + g
                     break
             if found >= 0:
-                m = min(k, L - found)
+                m = min(k, S - found)
                 for j in range(m):
-                    out[i, j] = seq[found + j]
+                    out[i, j] = h[found + j]
                 lengths[i] = m
                 break
     return out, lengths
@@ -238,7 +243,7 @@ class NgramDraft:
         self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray, cfg: SamplingConfig,
         rng: np.random.Generator | None, vocab: int,
     ) -> Drafted:
-        outcomes, lengths = _lookup(tokens.ids, tokens.n, np.asarray(rows, np.int64), int(k),
+        outcomes, lengths = _lookup(tokens.ids, tokens.n, tokens.ids, tokens.n, np.asarray(rows, np.int64), int(k),
                                     self.max_n, self.min_n)
         lengths = np.minimum(lengths, np.asarray(need, dtype=np.int64) - 1)  # a row uses no more
         return Drafted(outcomes, None, lengths)  # None: point masses at the outcomes; no state
@@ -365,38 +370,6 @@ class Seq2SeqDraft(ModelDraft):
             self.lm.encoder = encode(self.model, inputs.tensors)
 
 
-@nb.njit(cache=True, nogil=True)
-def _lookup_source(src, src_n, ids, n, rows, k, max_n, min_n):  # pragma: no cover - compiled
-    """Per row: up to k source tokens after the latest place in the source where the row's last
-    g tokens occur (g from max_n down to min_n)."""
-    R = rows.shape[0]
-    out = np.zeros((R, k), np.int64)
-    lengths = np.zeros(R, np.int64)
-    for i in range(R):
-        seq = ids[rows[i]]
-        L = n[rows[i]]
-        S = src_n[rows[i]]
-        s_ = src[rows[i]]
-        for g in range(min(max_n, L), min_n - 1, -1):
-            found = -1
-            for s in range(S - g - 1, -1, -1):  # source window s_[s:s+g], followed by s_[s+g]
-                same = True
-                for j in range(g):
-                    if s_[s + j] != seq[L - g + j]:
-                        same = False
-                        break
-                if same:
-                    found = s + g
-                    break
-            if found >= 0:
-                m = min(k, S - found)
-                for j in range(m):
-                    out[i, j] = s_[found + j]
-                lengths[i] = m
-                break
-    return out, lengths
-
-
 class SourceNgramDraft(NgramDraft):
     """Prompt lookup for encoder-decoders: over the decoder tokens, then over the source ids.
 
@@ -431,7 +404,7 @@ class SourceNgramDraft(NgramDraft):
         if self.src is None or k == 0 or d.lengths.all():
             return d
         rows = np.asarray(rows, np.int64)
-        out, lengths = _lookup_source(self.src, self.src_n, tokens.ids, tokens.n, rows, int(k),
+        out, lengths = _lookup(self.src, self.src_n, tokens.ids, tokens.n, rows, int(k),
                                       self.max_n, self.min_n)
         lengths = np.minimum(lengths, np.asarray(need, dtype=np.int64) - 1)
         use = d.lengths == 0

@@ -229,10 +229,11 @@ def test_whisper_causal_lm_draft_reads_the_targets_encoder():
     draft = _distil_whisper(target)
     sources = _sources(fam, target, 4)
     want = [_greedy(target, s, d, 16) for s, d in sources]
+    gen = SpeculativeGenerator(target, draft, lookahead=3)  # its one-time model check runs the encoder too
     calls = []
     h = target.model.encoder.register_forward_hook(lambda *a: calls.append(1))
     try:
-        out = SpeculativeGenerator(target, draft, lookahead=3).generate(
+        out = gen.generate(
             **_batch(sources), decoder_input_ids=[d for _, d in sources], max_new_tokens=16,
             temperature=0, eos_token_id=[])
     finally:
