@@ -34,6 +34,7 @@ and the embedded Llama pair, batch 1 and 8, k = 4, 1 thread). Writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -183,8 +184,11 @@ def markdown(res: dict) -> str:
         "`verify`: one `CachedModel.forward` of k+1 tokens (the round's target call). `commit n`: "
         "`CachedModel.keep(1 + n)` after n accepted drafts (every row the same n; `mixed`: row r "
         "keeps 1 + r mod (k+1)) -- for Llama a length update (the rollback is free), for Mamba "
-        + ("a gather of the state logged after the last kept token. " if res.get("rollback") == "gather" else
-           "a replay of the kept tokens' logged step inputs from the committed state (none at n = k). ")
+        + {"gather": "a gather of the state logged after the last kept token. ",
+           "replay": "a replay of the kept tokens' logged step inputs from the committed state (none at n = k). ",
+           "both": "(gather) a gather of the state logged after the last kept token, (replay) a replay of "
+                   "the kept tokens' logged step inputs from the committed state (none at n = k), the two "
+                   "alternating repeat by repeat in one process. "}[res.get("rollback", "gather")]
         + "`recompute n`: the naive alternative, re-feeding the 1 + n kept tokens from the committed "
         "state. `step`: one plain one-token forward and its commit.", "",
         "| target | batch | step ms | verify ms | " + " | ".join(f"commit {n} us" for n in ns)
@@ -213,6 +217,31 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _path(rollback: str):
+    """Recurrent layers roll back by gather (the default limit) or by replay (no state logged)."""
+    saved = recurrent.STATE_LOG_LIMIT
+    recurrent.STATE_LOG_LIMIT = 0 if rollback == "replay" else saved
+    try:
+        yield
+    finally:
+        recurrent.STATE_LOG_LIMIT = saved
+
+
+def _medians(runs: list[dict], name: str) -> dict:
+    """One result from runs of :func:`measure`: the median of each timing over the runs."""
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    out = {**runs[0], "model": name, "samples": sum(r["samples"] for r in runs),
+           "per_repeat": [x for r in runs for x in r["per_repeat"]]}
+    for key in ("verify_ms", "step_ms"):
+        out[key] = med([r[key] for r in runs])
+    for key in ("commit_ms", "recompute_ms"):
+        out[key] = {c: med([r[key][c] for r in runs]) for c in runs[0][key]}
+    out["commit_over_verify"] = {c: x / out["verify_ms"] for c, x in out["commit_ms"].items()}
+    out["recompute_over_verify"] = {c: x / out["verify_ms"] for c, x in out["recompute_ms"].items()}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", nargs="+", default=["mamba", "embedded"],
@@ -224,17 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=40, help="samples per case and repeat")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rollback", choices=["gather", "replay"], default="gather",
+    ap.add_argument("--rollback", choices=["gather", "replay", "both"], default="gather",
                     help="recurrent rollback: the logged state after the kept token (gather, the default "
-                    "for states of at most recurrent.STATE_LOG_LIMIT elements per row) or the replay of "
-                    "the kept tokens' step inputs (replay, what larger states use)")
+                    "for states of at most recurrent.STATE_LOG_LIMIT elements per row), the replay of "
+                    "the kept tokens' step inputs (replay, what larger states use), or both, alternating "
+                    "repeat by repeat in one process (an A/B of the two paths)")
     ap.add_argument("--out", default=None, help="path of the results without suffix "
                     "(default: results/text_rollback)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    if args.rollback == "replay":
-        recurrent.STATE_LOG_LIMIT = 0
     env = machine()
     res = {"command": env["command"], "rollback": args.rollback, "threads": args.threads, "lookahead": args.lookahead,
            "prefix": args.prefix, "repeats": args.repeats, "reps": args.reps, "machine": env,
@@ -243,7 +271,17 @@ def main(argv: list[str] | None = None) -> int:
         target, _, _ = load_pair(path=PAIRS.get(pair, pair))
         name = pair if pair in PAIRS else Path(pair).name
         for b in args.batch:
-            res["results"].append(measure(target, name, b, args))
+            if args.rollback != "both":
+                with _path(args.rollback):
+                    res["results"].append(measure(target, name, b, args))
+                continue
+            runs: dict[str, list[dict]] = {"gather": [], "replay": []}
+            one = argparse.Namespace(**{**vars(args), "repeats": 1})
+            for r in range(args.repeats):  # gather, replay, replay, gather, ...
+                for path in (("gather", "replay") if r % 2 == 0 else ("replay", "gather")):
+                    with _path(path):
+                        runs[path].append(measure(target, name, b, one))
+            res["results"] += [_medians(runs[p], f"{name} ({p})") for p in ("gather", "replay")]
     out = Path(args.out) if args.out else None
     md = markdown(res)
     write(out.name if out else "text_rollback", res, md, folder=out.parent if out else None)
