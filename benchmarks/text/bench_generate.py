@@ -311,6 +311,41 @@ def _pooled(stats_list, name):
     return (sum(s.accepted for s in stats_list) + rr) / rr
 
 
+def setting_section(s: dict, step: str = "decoding step", per: str = "token") -> list[str]:
+    """The Markdown of one setting (batch size, lookahead): the measured alpha and c with the
+    theory, the table of methods, refusals and the same-work check (shared with bench_seq2seq)."""
+    lines = [f"## Batch {s['batch']}, lookahead k = {s['lookahead']}", "",
+             f"Measured: alpha (token rule) = {s['alpha_token']:.3f}, c = our draft step / plain "
+             f"{step} = {s['draft_step_s'] * 1e3:.2f} ms / {s['plain_step_s'] * 1e3:.2f} ms"
+             f" = {s['cost_ratio_c']:.3f} (the draft decoding alone through transformers: "
+             f"{s.get('hf_draft_step_s', float('nan')) * 1e3:.2f} ms per {per}); theory: E[tokens/call] = "
+             f"{s['expected_tokens_per_call']:.2f}, speedup = {s['theory_speedup']:.2f}.", "",
+             "| method | tokens/s | speedup vs plain | vs assisted | vs assisted-k | "
+             "alpha | tokens/call | measured / theory | r | E/(kc+r) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for m, r in s["methods"].items():
+        def f(key, fmt="{:.2f}", r=r):
+            return fmt.format(r[key]) if key in r else ""
+        lines.append(
+            f"| {m} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} "
+            f"[{r['speedup_range'][0]:.2f}, {r['speedup_range'][1]:.2f}] | "
+            f"{f('speedup_vs_assisted')} | {f('speedup_vs_assisted-k')} | "
+            f"{f('alpha', '{:.3f}')} | {f('tokens_per_call')} | {f('measured_over_theory')} | "
+            f"{f('width_cost_r')} | {f('prediction_with_width_cost')} |")
+    if s.get("assisted_batch_error"):
+        lines += ["", f"transformers assisted generation at batch {s['batch']}: "
+                  f"`{_short(s['assisted_batch_error'])}`"]
+    for m, err in s.get("refused", {}).items():
+        lines += ["", f"`{m}` refused (left out of the timings): `{_short(err)}`"]
+    if "same_new_tokens" in s:
+        lines += ["", "Same work: every method decoded "
+                  + (f"{s['new_tokens_by_method']['plain']} new tokens"
+                     if s["same_new_tokens"] else f"NOT the same tokens: {s['new_tokens_by_method']}")
+                  + " per repeat (EOS stops no row)."]
+    lines.append("")
+    return lines
+
+
 def markdown(res: dict, command: str) -> str:
     lines = [f"# Text generation: speculative vs plain vs transformers assisted ({res['pair']})", "",
              f"Command: `{command}`", "",
@@ -320,35 +355,7 @@ def markdown(res: dict, command: str) -> str:
              f"{res['repeats']} interleaved repeats. Speedups are medians over repeats of time "
              "ratios within a repeat (range in brackets).", ""]
     for s in res["settings"]:
-        lines += [f"## Batch {s['batch']}, lookahead k = {s['lookahead']}", "",
-                  f"Measured: alpha (token rule) = {s['alpha_token']:.3f}, c = our draft step / plain "
-                  f"decoding step = {s['draft_step_s'] * 1e3:.2f} ms / {s['plain_step_s'] * 1e3:.2f} ms"
-                  f" = {s['cost_ratio_c']:.3f} (the draft decoding alone through transformers: "
-                  f"{s.get('hf_draft_step_s', float('nan')) * 1e3:.2f} ms per token); theory: E[tokens/call] = "
-                  f"{s['expected_tokens_per_call']:.2f}, speedup = {s['theory_speedup']:.2f}.", "",
-                  "| method | tokens/s | speedup vs plain | vs assisted | vs assisted-k | "
-                  "alpha | tokens/call | measured / theory | r | E/(kc+r) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for m, r in s["methods"].items():
-            def f(key, fmt="{:.2f}", r=r):
-                return fmt.format(r[key]) if key in r else ""
-            lines.append(
-                f"| {m} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} "
-                f"[{r['speedup_range'][0]:.2f}, {r['speedup_range'][1]:.2f}] | "
-                f"{f('speedup_vs_assisted')} | {f('speedup_vs_assisted-k')} | "
-                f"{f('alpha', '{:.3f}')} | {f('tokens_per_call')} | {f('measured_over_theory')} | "
-                f"{f('width_cost_r')} | {f('prediction_with_width_cost')} |")
-        if s.get("assisted_batch_error"):
-            lines += ["", f"transformers assisted generation at batch {s['batch']}: "
-                      f"`{s['assisted_batch_error']}`"]
-        for m, err in s.get("refused", {}).items():
-            lines += ["", f"`{m}` refused (left out of the timings): `{_short(err)}`"]
-        if "same_new_tokens" in s:
-            lines += ["", "Same work: every method decoded "
-                      + (f"{s['new_tokens_by_method']['plain']} new tokens"
-                         if s["same_new_tokens"] else f"NOT the same tokens: {s['new_tokens_by_method']}")
-                      + " per repeat (EOS stops no row)."]
-        lines.append("")
+        lines += setting_section(s)
     if "sweep" in res:
         s = res["sweep"]
         lines += ["## Lookahead sweep (batch 1; speedup over plain sampling; plot: the .png)", "",

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 sys.path.insert(0, str(ROOT / "benchmarks" / "text"))  # bench_generate.py, train_seq2seq.py
 
-from bench_generate import _pooled, _short  # noqa: E402
+from bench_generate import _pooled, setting_section  # noqa: E402
 from report import describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 from speculate.domains.text.tokenizer import PAD_ID  # noqa: E402
@@ -225,30 +225,7 @@ def markdown(res: dict) -> str:
              "repeats. Speedups are medians over repeats of time ratios within a repeat (range in "
              "brackets).", ""]
     for s in res["settings"]:
-        lines += [f"## Batch {s['batch']}, lookahead k = {s['lookahead']}", "",
-                  f"Measured: alpha (token rule) = {s['alpha_token']:.3f}, c = our draft step / plain "
-                  f"step = {s['draft_step_s'] * 1e3:.2f} ms / {s['plain_step_s'] * 1e3:.2f} ms = "
-                  f"{s['cost_ratio_c']:.3f} (draft decoding alone through transformers: "
-                  f"{s['hf_draft_step_s'] * 1e3:.2f} ms per step); theory: E[tokens/call] = "
-                  f"{s['expected_tokens_per_call']:.2f}, speedup = {s['theory_speedup']:.2f}.", "",
-                  "| method | tokens/s | speedup vs plain | vs assisted | vs assisted-k | alpha | "
-                  "tokens/call | measured / theory | r | E/(kc+r) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for m, r in s["methods"].items():
-            def f(key, fmt="{:.2f}", r=r):
-                return fmt.format(r[key]) if key in r else ""
-            lines.append(
-                f"| {m} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} "
-                f"[{r['speedup_range'][0]:.2f}, {r['speedup_range'][1]:.2f}] | "
-                f"{f('speedup_vs_assisted')} | {f('speedup_vs_assisted-k')} | "
-                f"{f('alpha', '{:.3f}')} | {f('tokens_per_call')} | {f('measured_over_theory')} | "
-                f"{f('width_cost_r')} | {f('prediction_with_width_cost')} |")
-        if s.get("assisted_batch_error"):
-            lines += ["", f"transformers assisted generation at batch {s['batch']}: "
-                      f"`{_short(s['assisted_batch_error'])}`"]
-        lines += ["", "Same work: every method decoded " + (
-            f"{s['new_tokens_by_method']['plain']} new tokens" if s["same_new_tokens"]
-            else f"NOT the same tokens: {s['new_tokens_by_method']}") + " per repeat.", ""]
+        lines += setting_section(s, step="step", per="step")
     p = res.get("profile")
     if p:
         lines += ["## Profile of one batch-1 ours-block call", "",
