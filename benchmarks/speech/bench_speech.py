@@ -37,17 +37,6 @@ from speculate import theory  # noqa: E402
 N_NEW = 32
 
 
-def _cut(row: list[int], eos: int, pad: int = 258) -> list[int]:
-    """The text tokens, before EOS (transformers' Whisper ``generate`` drops the EOS, and pads a
-    finished row of a batch; ours keeps the EOS): what the transcripts are compared on."""
-    out = []
-    for t in row:
-        if t in (eos, pad):
-            break
-        out.append(t)
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lookahead", type=int, default=4)
@@ -75,13 +64,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     @torch.inference_mode()
     def plain(x):
-        return [_cut(r, eos) for r in target.generate(input_features=x, max_new_tokens=N_NEW,
+        return [speech.text_tokens(r, eos) for r in target.generate(input_features=x, max_new_tokens=N_NEW,
                                                       do_sample=False).tolist()]
 
     @torch.inference_mode()
     def assisted(x):
-        return [_cut(r, eos) for r in target.generate(input_features=x, max_new_tokens=N_NEW, do_sample=False,
-                                                      assistant_model=draft).tolist()]
+        out = target.generate(input_features=x, max_new_tokens=N_NEW, do_sample=False, assistant_model=draft)
+        return [speech.text_tokens(r, eos) for r in out.tolist()]
 
     stats_of: dict[str, list] = {}
 
@@ -89,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         def run(x):
             o = gen.generate(input_features=x, max_new_tokens=N_NEW, temperature=0, rng=0)
             stats_of.setdefault(name, []).append(o.stats)
-            return [_cut(r, eos) for r in o.new_tokens]
+            return [speech.text_tokens(r, eos) for r in o.new_tokens]
         return run
 
     methods = {"plain_b1": (plain, 1), "assisted_b1": (assisted, 1), "ours_b1": (ours("ours_b1"), 1),

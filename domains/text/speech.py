@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .tokenizer import ByteTokenizer
+from .tokenizer import EOS_ID, PAD_ID, ByteTokenizer
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 TARGET_DIR = MODELS_DIR / "speech-target"
@@ -50,7 +50,8 @@ HOP_LENGTH = 160
 MAX_SAMPLES = SAMPLING_RATE * CHUNK_SECONDS
 
 __all__ = ["CHUNK_SECONDS", "MAX_SAMPLES", "SAMPLING_RATE", "check_audio", "feature_extractor",
-           "features", "load_heldout", "load_speech_pair", "read_wav", "transcribe", "word_error_rate"]
+           "features", "load_heldout", "load_speech_pair", "read_wav", "text_tokens", "transcribe",
+           "word_error_rate"]
 
 
 def feature_extractor():
@@ -200,6 +201,22 @@ def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> flo
         errors += d[len(h)]
         words += len(r)
     return errors / max(words, 1)
+
+
+def text_tokens(row: Sequence[int], eos: int = EOS_ID, pad: int = PAD_ID) -> list[int]:
+    """A decoder row's text tokens: those before its first EOS or PAD. Transcripts are compared on
+    these: transformers' Whisper ``generate`` drops the EOS and pads a finished row of a batch,
+    the speculative generator keeps the EOS.
+
+    >>> text_tokens([104, 105, EOS_ID, PAD_ID])
+    [104, 105]
+    """
+    out = []
+    for t in row:
+        if t in (eos, pad):
+            break
+        out.append(int(t))
+    return out
 
 
 def _decode(tokenizer: Any, rows: Sequence[Sequence[int]]) -> list[str]:

@@ -31,17 +31,6 @@ def _plain(target, feats: torch.Tensor, n: int) -> list[list[int]]:
         return target.generate(input_features=feats, max_new_tokens=n, do_sample=False).tolist()
 
 
-def _cut(row: list[int], eos: int, pad: int = 258) -> list[int]:
-    """The text tokens, before EOS (transformers' Whisper ``generate`` drops the EOS, and pads a
-    finished row of a batch; ours keeps the EOS): what the transcripts are compared on."""
-    out = []
-    for t in row:
-        if t in (eos, pad):
-            break
-        out.append(t)
-    return out
-
-
 def demo(argv: list[str] | None = None) -> int:
     """Run the speech demo; returns a process exit status (0 on success)."""
     ap = argparse.ArgumentParser(prog="speculate demo speech", description=__doc__.split("\n")[0])
@@ -78,9 +67,9 @@ def demo(argv: list[str] | None = None) -> int:
     # transcripts (batch 8 both ways)
     plain_rows, spec_rows = [], []
     for i in range(0, m, 8):
-        plain_rows += [_cut(r, eos) for r in _plain(target, feats[i:i + 8], n_new)]
-        spec_rows += [_cut(r, eos) for r in gen.generate(input_features=feats[i:i + 8], max_new_tokens=n_new,
-                                                         temperature=0, rng=0).new_tokens]
+        plain_rows += [speech.text_tokens(r, eos) for r in _plain(target, feats[i:i + 8], n_new)]
+        out = gen.generate(input_features=feats[i:i + 8], max_new_tokens=n_new, temperature=0, rng=0)
+        spec_rows += [speech.text_tokens(r, eos) for r in out.new_tokens]
     dec = [tok.decode(r, skip_special_tokens=True) for r in plain_rows]
     dec_s = [tok.decode(r, skip_special_tokens=True) for r in spec_rows]
     width = max(len(r) for r in refs)
@@ -101,7 +90,7 @@ def demo(argv: list[str] | None = None) -> int:
             for i in range(0, m, b):
                 x = feats[i:i + b]
                 t0 = time.perf_counter()
-                rows = [_cut(r, eos) for r in _plain(target, x, n_new)]
+                rows = [speech.text_tokens(r, eos) for r in _plain(target, x, n_new)]
                 t_plain += time.perf_counter() - t0
                 tokens += sum(len(r) + (len(r) < n_new) for r in rows)
                 t0 = time.perf_counter()

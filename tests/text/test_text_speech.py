@@ -109,21 +109,10 @@ def test_word_error_rate():
         speech.word_error_rate(["a"], [])
 
 
-def _text_ids(row: list[int]) -> list[int]:
-    """The tokens before the first EOS or PAD (Whisper's ``generate`` pads a finished row and drops
-    its EOS; ours keeps the EOS)."""
-    out = []
-    for t in row:
-        if t in (EOS, PAD):
-            break
-        out.append(t)
-    return out
-
-
 def _target_greedy(target, feats: torch.Tensor, n: int) -> list[list[int]]:
     with torch.inference_mode():
         ids = target.generate(input_features=feats, max_new_tokens=n, do_sample=False).tolist()
-    return [_text_ids(row) for row in ids]
+    return [speech.text_tokens(row) for row in ids]
 
 
 def _greedy_equal(pair, heldout, rows: slice, lookahead: int):
@@ -133,7 +122,7 @@ def _greedy_equal(pair, heldout, rows: slice, lookahead: int):
     gen = SpeculativeGenerator(target, draft, lookahead=lookahead)
     out = gen.generate(input_features=feats, max_new_tokens=32, temperature=0, rng=0)
     want = _target_greedy(target, feats, 32)
-    assert [_text_ids(r) for r in out.new_tokens] == want
+    assert [speech.text_tokens(r) for r in out.new_tokens] == want
     assert all(r[-1] == EOS for r in out.new_tokens if len(r) < 32)
     hyp = speech.transcribe(gen, waves[rows], temperature=0)
     assert hyp == speech.transcribe(target, waves[rows])
