@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 
+from speculate.testing.quadrature import panel_nodes
+
 from .samplers import Sampler
 
 __all__ = ["ChainLaw", "ClassConditional", "ExactDenoiser", "GaussianData", "GaussianMixture", "affine_chain_law",
@@ -314,7 +316,7 @@ class ChainLaw:
             p = np.diff(ndtr((cdf_last - m0) / np.sqrt(v0)))
             return {(b,): float(v) for b, v in enumerate(p)}
         sd = np.sqrt(v0)
-        x, w = _nodes(m0 - 9 * sd, m0 + 9 * sd, E[0], width * sd, order)
+        x, w = panel_nodes(m0 - 9 * sd, m0 + 9 * sd, E[0], width * sd, order)
         a = w * np.exp(-0.5 * (x - m0) ** 2 / v0) / np.sqrt(2 * np.pi * v0)  # weight * density at the nodes
         label = np.searchsorted(E[0], x, side="right")
         pre = {(b,): np.where(label == b, a, 0.0) for b in range(len(E[0]) + 1)}
@@ -326,27 +328,12 @@ class ChainLaw:
                 return {(*k, c): float(val) for k, arr in pre.items() for c, val in enumerate(arr @ cells)}
             e = E[n + 1]
             m1, v1 = self.mean[u, coordinate], self.var[u]
-            y, wy = _nodes(m1 - 9 * np.sqrt(v1), m1 + 9 * np.sqrt(v1), e, width * np.sqrt(min(v, v1)), order)
+            y, wy = panel_nodes(m1 - 9 * np.sqrt(v1), m1 + 9 * np.sqrt(v1), e, width * np.sqrt(min(v, v1)), order)
             K = np.exp(-0.5 * (y[None, :] - mx[:, None]) ** 2 / v) / np.sqrt(2 * np.pi * v)  # [M, M']
             ly = np.searchsorted(e, y, side="right")
             pre = {(*k, b): np.where(ly == b, (arr @ K) * wy, 0.0) for k, arr in pre.items() for b in range(len(e) + 1)}
             x = y
         raise AssertionError("unreachable")
-
-
-def _nodes(lo: float, hi: float, edges: np.ndarray, width: float, order: int) -> tuple[np.ndarray, np.ndarray]:
-    """Composite Gauss-Legendre nodes and weights on [lo, hi], panels split at ``edges``."""
-    cuts = np.unique(np.concatenate([[lo, hi], edges[(edges > lo) & (edges < hi)]]))
-    g, w = np.polynomial.legendre.leggauss(order)
-    xs, ws = [], []
-    for a, b in itertools.pairwise(cuts):
-        m = max(1, int(np.ceil((b - a) / width)))
-        p = np.linspace(a, b, m + 1)
-        half = 0.5 * np.diff(p)[:, None]
-        mid = 0.5 * (p[1:] + p[:-1])[:, None]
-        xs.append((mid + half * g).ravel())
-        ws.append((half * w).ravel())
-    return np.concatenate(xs), np.concatenate(ws)
 
 
 def affine_chain_law(sampler: Sampler, data: Any) -> ChainLaw:

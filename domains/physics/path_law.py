@@ -16,28 +16,14 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import ndtr
 
+from speculate.testing.quadrature import panel_nodes
+
 from .langevin import Langevin
-
-
-def _nodes(lo: float, hi: float, edges: np.ndarray, width: float, order: int):
-    """Composite Gauss-Legendre nodes/weights on [lo, hi], panels split at ``edges``."""
-    cuts = np.unique(np.concatenate([[lo, hi], edges[(edges > lo) & (edges < hi)]]))
-    g, w = np.polynomial.legendre.leggauss(order)
-    xs, ws = [], []
-    for a, b in itertools.pairwise(cuts):
-        m = max(1, int(np.ceil((b - a) / width)))
-        p = np.linspace(a, b, m + 1)
-        half = 0.5 * np.diff(p)[:, None]                         # [m, 1]
-        mid = 0.5 * (p[1:] + p[:-1])[:, None]
-        xs.append((mid + half * g).ravel())
-        ws.append((half * w).ravel())
-    return np.concatenate(xs), np.concatenate(ws)
 
 
 def binned_path_law(
@@ -86,7 +72,7 @@ def binned_path_law(
     if n == 1:
         p = bin_probs(m0)[0] if 1 in observe else np.ones(1)
         return {(b,) if 1 in observe else (): float(v) for b, v in enumerate(p)}
-    x, w = _nodes(lo, hi, edges, s / 4.0, order)
+    x, w = panel_nodes(lo, hi, edges, s / 4.0, order)
     label = np.searchsorted(edges, x, side="right")             # bin of every node
     mx = mean(x)
     K = None
