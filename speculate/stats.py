@@ -57,8 +57,8 @@ class Stats:
     verify_time: float = 0.0
     commit_time: float = 0.0
 
-    #: fields that describe each row rather than count work (a subclass's ``steps`` per replica):
-    #: merged by taking the maximum instead of the sum
+    #: fields that describe each row rather than count work (a subclass's ``steps`` per replica, an
+    #: array of labels): merged by taking the maximum (arrays: the longer one) instead of the sum
     _not_summed: ClassVar[tuple[str, ...]] = ()
 
     @property
@@ -158,6 +158,9 @@ class Stats:
             a, b = getattr(self, f.name, None), getattr(other, f.name, None)
             if a is None or b is None:
                 setattr(out, f.name, a if b is None else b)
+            elif f.name in cls._not_summed:  # a count per row, or a label array: the larger / longer
+                setattr(out, f.name, (a if len(a) >= len(b) else b).copy() if isinstance(a, np.ndarray)
+                        else max(a, b))
             elif isinstance(a, np.ndarray):
                 n = max(len(a), len(b))
                 merged = np.zeros(n, np.result_type(a, b))
@@ -169,8 +172,6 @@ class Stats:
                 for key, v in b.items():
                     d[key] = d.get(key, 0) + v
                 setattr(out, f.name, d)
-            elif f.name in cls._not_summed:
-                setattr(out, f.name, max(a, b))
             else:
                 setattr(out, f.name, a + b)
         return out

@@ -70,7 +70,8 @@ class DiffusionStats(Stats):
     as rounds without drafts (k = 0).
     """
 
-    _not_summed: ClassVar[tuple[str, ...]] = ("steps",)  #: Stats.merge: per sample, not summed
+    #: Stats.merge: steps per sample, and the plan's times (a label), are not summed
+    _not_summed: ClassVar[tuple[str, ...]] = ("steps", "step_times")
     steps: int = 0  #: steps per sample (the plan's length S)
     samples: int = 0  #: B
     target_evaluations: int = 0
@@ -102,14 +103,6 @@ class DiffusionStats(Stats):
         ``lookahead="auto"`` chose there; NaN where no round started)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.lookahead_by_step / self.rounds_by_step
-
-    def __add__(self, other: Stats) -> Stats:
-        add = getattr(super(), "__add__", None)  # Stats.merge (runs on disjoint rows), where the core has it
-        out = add(other) if add is not None else NotImplemented
-        if isinstance(out, DiffusionStats):  # the plan's times are a label, not a counter
-            times = [getattr(s, "step_times", ()) for s in (self, other)]
-            out.step_times = max(times, key=len).copy() if len(max(times, key=len)) else np.zeros(0, np.int64)
-        return out
 
     def extras(self) -> dict[str, Any]:
         out = {k: v for k, v in super().extras().items() if not isinstance(v, np.ndarray)}

@@ -70,3 +70,16 @@ def test_the_per_step_counters_add_up():
         if lookahead == 4:  # every round has k = 4 but the last ones (capped at the steps still needed)
             assert np.all(k <= 4) and np.mean(k == 4) > 0.5
         assert list(s.as_dict()["lookahead_at_step"]) and len(s.as_dict()["acceptance_by_step"]) == s.steps
+
+
+def test_stats_of_disjoint_samples_merge():
+    """Sharded runs merge their stats: counters and per-step counts add up, the steps per sample
+    and the plan's times (labels) do not."""
+    from speculate.domains.diffusion import DiffusionStats
+
+    times = np.array([3, 2, 1])
+    a = DiffusionStats(steps=3, samples=2, step_times=times.copy(), accepted_by_step=np.array([1, 0, 2]))
+    b = DiffusionStats(steps=3, samples=5, step_times=times.copy(), accepted_by_step=np.array([0, 4, 1]))
+    m = a + b
+    assert type(m) is DiffusionStats and (m.steps, m.samples) == (3, 7)
+    assert m.step_times.tolist() == [3, 2, 1] and m.accepted_by_step.tolist() == [1, 4, 3]
