@@ -22,6 +22,7 @@ from speculate.testing.exact import (
     target_joint_law,
     tree_drafts,
     tree_round_law,
+    tree_walk,
 )
 from speculate.verify import Tree, verify_multi, verify_tree, verify_tree_greedy, verify_tree_reference
 
@@ -142,3 +143,48 @@ def test_distinct_children_verified_as_iid_are_biased():
     naive = tree_round_law(constant(p), constant(q), 3, [-1, 0, 0], (), False, verify_replacement=True)
     assert marginal(naive, 0, 3) == [F(27, 64), F(9, 64), F(7, 16)]
     assert marginal(tree_round_law(constant(p), constant(q), 3, [-1, 0, 0], (), False), 0, 3) == p
+
+
+def _adaptive_round_law(T, D, V, replacement, drop_seen=False):
+    """One round with a shape chosen while drafting (the text domain's DynamicTree in small): the
+    root gets 2 children; then the level's 2 remaining nodes both go under the child whose
+    outcome the draft found more likely (a choice that reads BOTH siblings' outcomes). With
+    ``drop_seen`` the second child is instead dropped after its own outcome is seen (when it is
+    outcome 0): the violation the assumption forbids."""
+    law: dict = {}
+    q = D(())
+    for toks1, valid1, _ in tree_drafts(D, V, [-1, 0, 0], (), replacement):
+        best = 1 if not valid1[2] or q[toks1[1]] >= q[toks1[2]] else 2
+        par = [-1, 0, 0, best, best]
+        for toks, valid, w in tree_drafts(D, V, par, (), replacement):
+            if toks[:3] != toks1 or valid[:3] != valid1:
+                continue
+            valid = list(valid)
+            if drop_seen and toks[2] == 0:
+                valid[2] = False
+                valid[3:] = [v and par[i] != 2 for i, v in enumerate(valid[3:], start=3)]
+            for (n, nxt, last), pw in tree_walk(T, D, V, par, toks, valid, (), replacement).items():
+                path, j = [], last
+                while j > 0:
+                    path.append(toks[j])
+                    j = par[j]
+                block = (*path[::-1], nxt)
+                assert len(block) == n + 1
+                law[block] = law.get(block, 0) + w * pw
+    return law
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_shapes_chosen_while_drafting_are_exact(replacement):
+    """The 'Sequential drafting' assumption allows a node's children count to depend on its
+    siblings' outcomes (decided before the children are drawn): criterion (C) holds exactly; a
+    node dropped after its own outcome is seen breaks it."""
+    p, q = [F(1, 4), F(5, 16), F(7, 16)], [F(3, 16), F(1, 16), F(3, 4)]
+    cases = [(constant(p), constant(q))] + [(random_table(s, 3), random_table(500 + s, 3)) for s in range(4)]
+    for T, D in cases:
+        law = _adaptive_round_law(T, D, 3, replacement)
+        assert sum(law.values()) == 1
+        assert_exact_law(extend_with_target(law, T, 3, 3), target_joint_law(T, 3, 3), "adaptive shape (C)")
+    T, D = cases[0]
+    bad = _adaptive_round_law(T, D, 3, replacement, drop_seen=True)
+    assert marginal(bad, 0, 3) != p  # (13/64, 23/64, 7/16) with i.i.d. children

@@ -140,10 +140,17 @@ class Tree(NamedTuple):
 def tree_depths(parent: Any) -> np.ndarray:
     """Depth of every node of a (checked) parent array ``[..., N+1]``; root 0."""
     parent = np.asarray(parent, np.int64)
-    depth = np.zeros(parent.shape, np.int64)
-    for i in range(1, parent.shape[-1]):
-        depth[..., i] = np.take_along_axis(depth, np.maximum(parent[..., i : i + 1], 0), axis=-1)[..., 0] + 1
-    return depth
+    if parent.ndim == 1:  # one shape: a loop over Python ints
+        d = [0] * len(parent)
+        for i, a in enumerate(parent.tolist()[1:], start=1):
+            d[i] = d[max(a, 0)] + 1
+        return np.array(d, np.int64)
+    flat = parent.reshape(-1, parent.shape[-1])
+    depth = np.zeros(flat.shape, np.int64)
+    rows = np.arange(len(flat))
+    for i in range(1, flat.shape[-1]):
+        depth[:, i] = depth[rows, np.maximum(flat[:, i], 0)] + 1
+    return depth.reshape(parent.shape)
 
 
 # ----------------------------------------------------------------------------- Numba kernel
