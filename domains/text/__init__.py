@@ -9,6 +9,8 @@ See ``domains/text/README.md``.
 
 from .api import GenerationOutput, SpeculativeGenerator, check_vocabularies
 from .custom_generate import speculate_decoding
+from .feature_draft import FeatureDraft, train_feature_draft
+from .heads import MedusaHeads, train_heads
 from .kv_cache import CacheMemoryError
 from .pair import load_pair
 from .sampling import SamplingConfig
@@ -18,11 +20,15 @@ from .tokenizer import ByteTokenizer
 __all__ = [
     "ByteTokenizer",
     "CacheMemoryError",
+    "FeatureDraft",
     "GenerationOutput",
+    "MedusaHeads",
     "SamplingConfig",
     "SpeculativeGenerator",
     "StreamEvent",
     "check_vocabularies",
     "load_pair",
     "speculate_decoding",
+    "train_feature_draft",
+    "train_heads",
 ]

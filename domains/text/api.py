@@ -44,6 +44,9 @@ from .encoder_decoder import (
     reads_encoder,
     seq2seq_cache_bytes,
 )
+from .feature_draft import FeatureDraft
+from .head_drafts import EagleDraft, MedusaDraft
+from .heads import MedusaHeads
 from .inputs import EncoderInputs, decoder_prompts, encoder_inputs, eos_ids, ids_of, is_int, prompt_ids
 from .kv_cache import (
     CachedModel,
@@ -186,7 +189,7 @@ class SpeculativeGenerator:
 
     def __init__(self, target: Any, draft: Any, lookahead: int | str = 4, verify: str = "block",
                  *, cost_ratio: float | None = None, tokenizer: Any = None,
-                 draft_tokenizer: Any = None, max_lookahead: int = 16) -> None:
+                 draft_tokenizer: Any = None, max_lookahead: int = 16, tree: Any = None) -> None:
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
         if not isinstance(verify, str) or verify not in RULES:
@@ -208,18 +211,46 @@ class SpeculativeGenerator:
             check_seq2seq(target, "target")
         else:
             check_model(target, "target")
-        if isinstance(draft, torch.nn.Module):
+        on_target = isinstance(draft, (MedusaHeads, FeatureDraft))
+        if isinstance(draft, torch.nn.Module) and not on_target:
             check_vocabularies(target, draft, tokenizer, draft_tokenizer)
         self.target = target
         self._target_lm: CachedModel | CachedSeq2Seq = (
             CachedSeq2Seq(target) if self.seq2seq else CachedModel(target))
-        self.draft = make_draft(draft, target)
+        if on_target or tree is not None:
+            self.draft = self._on_target_draft(draft, tree)
+            if isinstance(self.draft, MedusaDraft):  # a chain is at most one token per head
+                if lookahead != "auto" and int(lookahead) > draft.n_heads:
+                    raise ValueError(f"lookahead={lookahead} but the Medusa heads draft at most "
+                                     f"{draft.n_heads} tokens (one per head); pass lookahead <= {draft.n_heads}")
+                max_lookahead = min(int(max_lookahead), draft.n_heads)
+        else:
+            self.draft = make_draft(draft, target)
         self.lookahead = lookahead if lookahead == "auto" else int(lookahead)
         self.verify = verify
         self.cost_ratio = cost_ratio
         self.max_lookahead = max(int(max_lookahead), self.lookahead if self.lookahead != "auto" else 1)
         self.vocab = model_vocab_size(target)
         self.tokenizer = tokenizer
+
+    def _on_target_draft(self, draft: Any, tree: Any) -> MedusaDraft | EagleDraft:
+        """The draft for Medusa heads or a feature draft (``tree``: chains, or a token tree)."""
+        name = type(self.target).__name__
+        if self.seq2seq:
+            raise ValueError(f"{name} is an encoder-decoder: draft heads, feature drafts and token trees "
+                             "are for decoder-only targets; pass a draft model, 'ngram' or 'early-exit:N'")
+        if not isinstance(draft, (MedusaHeads, FeatureDraft)):
+            raise ValueError(
+                f"tree= needs a draft that proposes token trees: MedusaHeads or a FeatureDraft trained on "
+                f"this target (domains.text.heads / feature_draft), got {type(draft).__name__}; draft models, "
+                "'ngram' and 'early-exit:N' draft chains (tree=None)")
+        if tree is not None:
+            why = self._target_lm.tree_refusal()  # type: ignore[union-attr]
+            if why is not None:
+                raise ValueError(f"tree={tree!r}: {why}")
+        if isinstance(draft, MedusaHeads):
+            return MedusaDraft(draft, self.target, tree)
+        return EagleDraft(draft, self.target, tree)
 
     def _models(self) -> list[tuple[Any, str]]:
         """The models this generator runs, with their role: the target, and a draft model if any."""
@@ -459,7 +490,9 @@ class SpeculativeGenerator:
         """Check a request and build its process (nothing allocated yet)."""
         t_start = time.perf_counter()
         cfg = s.sampling
-        verify = "greedy" if cfg.greedy else self.verify
+        trees = getattr(self.draft, "spec", None) is not None
+        # token trees: recursive rejection (the block rule has no tree form)
+        verify = "greedy" if cfg.greedy else ("token" if trees else self.verify)
         if verify == "greedy" and not cfg.greedy:
             raise ValueError("verify='greedy' is exact only for temperature=0; use 'token' or 'block'")
         for model, role in self._models():  # .train() may have been called since __init__
@@ -494,6 +527,8 @@ class SpeculativeGenerator:
         # needs fewer drafts than the block is wide) and the scoring block's own column
         k_max = self.lookahead if isinstance(self.lookahead, int) else self.max_lookahead
         spare = min(k_max, n_new) + 2
+        if trees:  # a tree's nodes sit past the committed tokens while it is scored
+            spare = max(spare, self.draft.spec.n_nodes + 2)
         if n_new > 0:
             self._check_lengths(prompts, n_new)
             source = 0 if enc is None else self._source_length(enc)

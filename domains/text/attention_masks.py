@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ATTENTION", "RECURRENT", "LayerPlan", "alibi_from_slots", "layer_plan", "masks"]
+__all__ = ["ATTENTION", "RECURRENT", "LayerPlan", "alibi_from_slots", "layer_plan", "masks", "tree_masks"]
 
 #: layer types whose layers attend through the KV cache, and the mask each needs
 ATTENTION = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
@@ -121,12 +121,43 @@ def masks(plan: LayerPlan, pos: torch.Tensor, top: int,
     """
     keys = torch.arange(top, device=pos.device)[None, None, None, :]
     p = pos[:, None, :, None]  # [R, 1, W, 1]
-    causal = keys <= p
-    made: dict[str, torch.Tensor] = {"full": causal}
+    return _by_kind(plan, keys <= p, p, keys, float_dtype)
+
+
+def tree_masks(plan: LayerPlan, pos: torch.Tensor, start: torch.Tensor, see: torch.Tensor, top: int,
+               float_dtype: torch.dtype | None = None) -> torch.Tensor | dict[str, Any]:
+    """The masks of a block whose columns are not a chain (a token tree): column ``j`` of row ``r``
+    sits at slot ``start[r] + j`` with position ``pos[r, j]`` and sees every slot before
+    ``start[r]`` (the committed prefix, whose slots are their positions) and the block's columns
+    ``i`` with ``see[r, j, i]`` (itself and its ancestors). Windows and chunks are taken on
+    positions, so a node at depth d is as far from the prefix as the d-th token of a chain.
+    Shapes and return as :func:`masks`; ``see`` bool ``[R, W, W]``.
+
+    >>> plan = LayerPlan(types=("full_attention",), window=None, chunk=None, by_type=False)
+    >>> see = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)  # two siblings of column 0
+    >>> tree_masks(plan, torch.tensor([[2, 3, 3]]), torch.tensor([2]), see, top=5)[0, 0].int().tolist()
+    [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    """
+    R, W = pos.shape
+    keys = torch.arange(top, device=pos.device)[None, :]  # [1, top]
+    rel = keys - start[:, None]  # [R, top]: the key's column in the block (< 0: the prefix)
+    inblock = (rel >= 0) & (rel < W)
+    col = rel.clamp(0, W - 1)
+    key_pos = torch.where(inblock, pos.gather(1, col), keys)  # [R, top]
+    sees = see.gather(2, col[:, None, :].expand(R, W, top))  # [R, W, top]
+    visible = ((rel < 0)[:, None, :] | (inblock[:, None, :] & sees))[:, None]  # [R, 1, W, top]
+    return _by_kind(plan, visible, pos[:, None, :, None], key_pos[:, None, None, :], float_dtype)
+
+
+def _by_kind(plan: LayerPlan, visible: torch.Tensor, p: torch.Tensor, k: torch.Tensor,
+             float_dtype: torch.dtype | None) -> torch.Tensor | dict[str, Any]:
+    """The masks of each kind of layer from the full-attention mask ``visible`` ``[R, 1, W, top]``,
+    the queries' positions ``p`` ``[R, 1, W, 1]`` and the keys' ``k`` (broadcastable to it)."""
+    made: dict[str, torch.Tensor] = {"full": visible}
     if "sliding" in plan.kinds:
-        made["sliding"] = causal & (keys > p - plan.window)
+        made["sliding"] = visible & (k > p - plan.window)
     if "chunked" in plan.kinds:
-        made["chunked"] = causal & (keys // plan.chunk == p // plan.chunk)
+        made["chunked"] = visible & (k // plan.chunk == p // plan.chunk)
     if float_dtype is not None:
         low = torch.finfo(float_dtype).min
         made = {k: torch.zeros(m.shape, dtype=float_dtype, device=m.device).masked_fill_(~m, low)

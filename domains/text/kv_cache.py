@@ -30,7 +30,7 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
-from .attention_masks import ATTENTION, RECURRENT, alibi_from_slots, layer_plan, masks
+from .attention_masks import ATTENTION, RECURRENT, alibi_from_slots, layer_plan, masks, tree_masks
 from .recurrent import RecurrentLayers
 from .recurrent_mixers import find_mixers, unknown_recurrent
 
@@ -346,10 +346,44 @@ class CachedModel:
         self.length = np.zeros(0, np.int64)
         self.slots = _Slots(0)
         self.cache: Cache | None = None
+        self.capture = False  # keep the features (the output embedding's input) of every forward
+        self.features: torch.Tensor | None = None  # [R, W, H] (W = 1 with last_only)
 
     @property
     def device(self) -> torch.device:
         return _model_device(self.model)
+
+    def tree_refusal(self) -> str | None:
+        """Why this model cannot score a token tree in one forward, or None when it can.
+
+        A tree's nodes sit at slots that are not their positions: models whose position
+        information comes from the slot (ALiBi biases) or from the order of the inputs
+        (recurrent layers, which would need a state per branch) cannot be fed one.
+        """
+        name = type(self.model).__name__
+        if self.recurrent or any(t in RECURRENT - {"mlp", "moe"} for t in self.plan.types):
+            return (f"{name} has recurrent layers: a token tree would need one state per branch; "
+                    "draft chains (tree=None) instead")
+        module = __import__("sys").modules.get(type(self.model).__module__)
+        if getattr(module, "build_alibi_tensor", None) is not None:
+            return (f"{name} uses ALiBi position biases, computed from cache slots, and a tree's nodes "
+                    "do not sit at the slots of their positions; draft chains (tree=None) instead")
+        return None
+
+    @torch.inference_mode()
+    def move(self, rows: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy the keys and values of slot ``src[i]`` of row ``rows[i]`` (local index) to slot
+        ``dst[i]``: commits the accepted path of a token tree, whose nodes were written at the
+        slots of their tree index, to the slots of their positions. All reads happen first."""
+        if not len(rows) or self.cache is None:
+            return
+        for layer in self.cache.layers:
+            if not getattr(layer, "is_initialized", False):
+                continue
+            dev = layer.keys.device
+            r, a, b = (torch.as_tensor(x, dtype=torch.long, device=dev) for x in (rows, src, dst))
+            layer.keys[r, :, b] = layer.keys[r, :, a]  # [M, H, D]
+            layer.values[r, :, b] = layer.values[r, :, a]
 
     def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
         """Empty caches for ``batch`` rows of up to ``capacity`` tokens each, plus ``spare`` slots.
@@ -394,7 +428,8 @@ class CachedModel:
     @torch.inference_mode()
     def forward(
         self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False,
-        valid: np.ndarray | None = None,
+        valid: np.ndarray | None = None, positions: np.ndarray | None = None,
+        see: np.ndarray | None = None,
     ) -> torch.Tensor:
         """Logits ``[R, W, V]`` of ``tokens`` ``[R, W]`` written at slots ``start[r] + j``.
 
@@ -404,6 +439,12 @@ class CachedModel:
         ``last_only`` only the last column's logits are computed (``[R, 1, V]``). When every row
         starts at the same slot (always at batch 1) a plain full-attention model builds its usual
         causal mask (none for one token), otherwise it gets explicit 4-D masks.
+
+        A token tree (:meth:`tree_refusal` says which models take one): ``positions`` int64 ``[R, W]``
+        (default: the slots) and ``see`` bool ``[R, W, W]``, column ``j`` attending to the prefix
+        (slots before ``start[r]``) and to the columns ``i`` with ``see[r, j, i]``
+        (:func:`~speculate.domains.text.attention_masks.tree_masks`). With ``capture`` set, the
+        features (the output embedding's input) are kept in ``features``.
         """
         W = tokens.shape[1]
         dev = self.device
@@ -419,14 +460,22 @@ class CachedModel:
         # With learned positions, the padded columns of a ragged block (whose outputs are never
         # used and whose slots are overwritten before any kept token reads them) may lie past the
         # table: clamp their position ids. Kept tokens never reach it (generate checks lengths).
-        pos_ids = pos if self.max_pos is None else pos.clamp(max=self.max_pos - 1)
+        if positions is not None:
+            pos_ids = torch.as_tensor(positions, device=dev)
+        else:
+            pos_ids = pos
+        pos_ids = pos_ids if self.max_pos is None else pos_ids.clamp(max=self.max_pos - 1)
         uniform = bool((start == start[0]).all())
         if uniform:
             s.uniform, s.index = int(start[0]), None
         else:
             s.uniform, s.index = None, pos[:, None, :, None]  # [R, 1, W, 1]
         mask: Any = None
-        if not self.plan.kinds or (self.own_mask and uniform):
+        if see is not None:
+            dtype = next(self.model.parameters()).dtype if self.float_mask else None
+            qpos = torch.as_tensor(positions, device=dev) if positions is not None else pos
+            mask = tree_masks(self.plan, qpos, start_t, torch.as_tensor(see, device=dev), top, dtype)
+        elif not self.plan.kinds or (self.own_mask and uniform):
             pass
         else:
             dtype = next(self.model.parameters()).dtype if self.float_mask else None
@@ -444,11 +493,29 @@ class CachedModel:
             if self.recurrent:
                 v = np.full(len(start), W, np.int64) if valid is None else np.asarray(valid, np.int64)
                 stack.enter_context(self.recurrent.installed(start - self.length, v, W))
+            if self.capture:
+                stack.enter_context(_features_hook(self.model, self))
             out = self.model(input_ids=tokens.to(dev), attention_mask=mask, position_ids=pos_ids, **kw)
         logits = out.logits
         if last_only and not self._has_logits_to_keep:
             logits = logits[:, -1:]
         return logits
+
+
+@contextlib.contextmanager
+def _features_hook(model: Any, into: Any) -> Iterator[None]:
+    """Keep the input of ``model``'s output embedding (its features ``[R, W, H]``) in ``into.features``
+    during a forward."""
+    head = model.get_output_embeddings()
+
+    def hook(module: Any, args: tuple) -> None:
+        into.features = args[0]
+
+    handle = head.register_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager

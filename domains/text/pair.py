@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from speculate.domains.text.tokenizer import ByteTokenizer
@@ -25,6 +26,8 @@ MODELS_DIR = Path(__file__).resolve().parent / "models"
 TARGET_DIR = MODELS_DIR / "target"
 DRAFT_DIR = MODELS_DIR / "draft"
 RETRAIN = "python benchmarks/text/train_pair.py --size small"
+HEADS_DIR = MODELS_DIR / "target-heads"  # Medusa heads of the embedded target
+FEATURE_DRAFT_DIR = MODELS_DIR / "target-feature-draft"  # its EAGLE-style feature draft
 
 
 def load_pair(device: str | torch.device | None = None, dtype: torch.dtype | None = None,
@@ -49,3 +52,17 @@ def load_pair(device: str | torch.device | None = None, dtype: torch.dtype | Non
         out.append(model.to(device or "cpu").eval())
     tokenizer = ByteTokenizer.from_pretrained(base / "target")
     return out[0], out[1], tokenizer
+
+
+def load_self_drafts(target: Any) -> tuple[Any, Any]:
+    """``(heads, feature_draft)``: the Medusa heads and the feature draft trained on the embedded
+    ``target`` (``benchmarks/text/train_heads.py``), on its device and dtype, in eval mode."""
+    from .feature_draft import FeatureDraft
+    from .heads import MedusaHeads
+
+    for folder in (HEADS_DIR, FEATURE_DRAFT_DIR):
+        if not folder.is_dir():
+            raise FileNotFoundError(f"no trained drafts in {str(folder)!r}; train them with: "
+                                    "python benchmarks/text/train_heads.py")
+    return (MedusaHeads.from_pretrained(HEADS_DIR, target).eval(),
+            FeatureDraft.from_pretrained(FEATURE_DRAFT_DIR, target).eval())

@@ -30,12 +30,14 @@ import torch
 
 from speculate.distributions import Categorical
 from speculate.rounds import Proposal, Verdict
+from speculate.verify import Tree
+from speculate.verify.tree import tree_depths
 
 from .kv_cache import CachedModel, advance_length
 from .processors import Transforms, as_transforms
 from .sampling import SamplingConfig
 
-__all__ = ["Draft", "Drafted", "TextProcess", "TokenBuffer"]
+__all__ = ["Draft", "Drafted", "DraftedTree", "TextProcess", "TokenBuffer"]
 
 
 @dataclass
@@ -69,6 +71,17 @@ class Drafted(NamedTuple):
     outcomes: np.ndarray  #: int64 [R, k]: the drafted tokens (row r's first lengths[r] are valid)
     q: np.ndarray | None  #: float32 [R, k, V]: the draft law each was sampled from; None = point masses
     lengths: np.ndarray  #: int64 [R]: valid drafts per row, <= min(k, need - 1)
+    state: Any = None  #: the draft's own state for this round, handed back to ``Draft.advance``
+
+
+class DraftedTree(NamedTuple):
+    """A token tree a draft proposes for the active rows (``speculate.verify.tree`` layout): node 0
+    is the root (the row's committed tokens), node ``i >= 1`` extends its parent by ``tokens[r, i]``."""
+
+    tokens: np.ndarray  #: int64 [R, N+1]: the token drafted at each node (column 0 unused)
+    q: np.ndarray | None  #: float32 [R, N+1, V]: the law each node's children were sampled from; None: greedy
+    valid: np.ndarray  #: bool [R, N+1]: the nodes of each row's tree (the root always)
+    tree: Tree  #: the shape: parent [N+1] or [R, N+1], children drafted with or without replacement
     state: Any = None  #: the draft's own state for this round, handed back to ``Draft.advance``
 
 
@@ -106,12 +119,13 @@ def _check_logits(logits: torch.Tensor, rows: np.ndarray) -> None:
 class _Round:
     """One round's state (the proposal's context): the draft's, then what ``score`` fed the target."""
 
-    __slots__ = ("draft", "fed", "pending")
+    __slots__ = ("draft", "features", "fed", "pending")
 
     def __init__(self, draft: Any) -> None:
         self.draft = draft  # the draft's round state (Drafted.state)
         self.pending: Any = None  # int64 [R]: committed tokens the target's cache lacked (fed first)
         self.fed: Any = None  # int64 [R]: drafted tokens fed to the target after them
+        self.features: Any = None  # [R, W, H]: the target's features, for drafts that read them
 
 
 @dataclass
@@ -154,13 +168,18 @@ class TextProcess:
         if self.encode is not None:
             self.encode()
         self.target.reset(B, capacity, spare)
+        reads = bool(getattr(self.draft, "reads_features", False))
+        self.target.capture, self.target.features = reads, None
         m = int(self.tokens.n.max()) - 1
         if m > 0:
             block = self.tokens.block(self.live, np.zeros(B, np.int64), m)
-            self.target.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=True,
+            self.target.forward(torch.from_numpy(block), np.zeros(B, np.int64), last_only=not reads,
                                 valid=self.tokens.n - 1)
             self.target.keep(self.tokens.n - 1)
         self.draft.reset(self.tokens, capacity, spare)
+        if reads:  # the features of every prompt position but the last (what the prefill computed)
+            feats = self.target.features if m > 0 else None
+            self.draft.observe(feats, self.tokens.n - 1)
         self.prefill_time = time.perf_counter() - t0
 
     def release(self) -> None:
@@ -192,10 +211,16 @@ class TextProcess:
         self._grow(k)
         d = self.draft.propose(self.live, self.tokens, k, need, self.cfg, rng, self.vocab)
         dists = None if d.q is None else Categorical(probs=d.q, validate=False)  # None: point masses
+        if isinstance(d, DraftedTree):
+            self._grow(d.tokens.shape[1])
+            return Proposal(outcomes=d.tokens, dists=dists, lengths=d.valid, context=_Round(d.state),
+                            tree=d.tree)
         return Proposal(outcomes=d.outcomes, dists=dists, lengths=d.lengths, context=_Round(d.state))
 
     def score(self, rows: np.ndarray, proposal: Proposal) -> Categorical:
         self._select(rows)
+        if proposal.tree is not None:
+            return self._score_tree(proposal)
         drafts = np.asarray(proposal.outcomes, dtype=np.int64)  # [R, k]
         R, k = drafts.shape
         lengths = (np.full(R, k, np.int64) if proposal.lengths is None
@@ -217,7 +242,69 @@ class TextProcess:
         p = self.cfg.probs(sel, t, self.live, drafts).cpu().numpy()  # [R, k+1, V] float32
         ctx = proposal.context
         ctx.pending, ctx.fed = P, lengths
+        ctx.features = self.target.features if self.target.capture else None
         return Categorical(probs=p, validate=False)
+
+    def _score_tree(self, proposal: Proposal) -> Categorical:
+        """The target at every node of each row's token tree, in ONE forward: the pending tokens
+        as a chain, then node i at column ``P - 1 + i`` (the root is the last pending token) with
+        position ``start + P - 1 + depth(i)``, seeing the prefix and its ancestors."""
+        tokens = np.asarray(proposal.outcomes, dtype=np.int64)  # [R, N+1]
+        R, N1 = tokens.shape
+        tree = proposal.tree if isinstance(proposal.tree, Tree) else Tree(np.asarray(proposal.tree))
+        shape = np.asarray(tree.parent, np.int64)
+        parent = np.broadcast_to(shape, (R, N1))
+        depth = np.broadcast_to(tree_depths(shape), (R, N1))  # [R, N+1] (one shape: computed once)
+        t = self.tokens
+        start = self.target.length  # [R]
+        P = t.n[self.live] - start  # [R] pending tokens (>= 1)
+        W = int(P.max()) + N1 - 1
+        block = t.block(self.live, start, W)  # [R, W]: the pending tokens first
+        rows = np.arange(R)
+        cols = P[:, None] - 1 + np.arange(N1)[None, :]  # [R, N+1] the column of each node
+        block[rows[:, None], cols[:, 1:]] = tokens[:, 1:]
+        positions = start[:, None] + np.arange(W)[None, :]  # [R, W]
+        positions[rows[:, None], cols] = (start + P - 1)[:, None] + depth
+        anc = np.zeros((R, N1, N1), bool)  # anc[r, i, a]: a is i or an ancestor of i
+        anc[:, np.arange(N1), np.arange(N1)] = True
+        for i in range(1, N1):
+            anc[:, i] |= anc[rows, parent[:, i]]
+        j = np.arange(W)
+        see = (j[None, None, :] <= j[None, :, None]) & (j[None, :, None] < P[:, None, None])  # [R, W, W] pending chain
+        see[:, j, j] = True  # padding columns see themselves (never read)
+        node_cols = cols[:, 1:]  # [R, N]
+        see[rows[:, None], node_cols] = j[None, None, :] < P[:, None, None]  # a node sees every pending token
+        for a in range(1, N1):
+            see[rows[:, None], node_cols, cols[:, a : a + 1]] = anc[:, 1:, a]
+        logits = self.target.forward(torch.from_numpy(block), start, positions=positions, see=see)  # [R, W, V]
+        idx = torch.as_tensor(cols, device=logits.device)  # [R, N+1]
+        sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, N+1, V]
+        _check_logits(sel, self.live)
+        p = self._tree_probs(sel, tokens, parent, depth).cpu().numpy()  # [R, N+1, V]
+        ctx = proposal.context
+        ctx.pending = P
+        ctx.features = self.target.features if self.target.capture else None
+        return Categorical(probs=p, validate=False)
+
+    def _tree_probs(self, sel: torch.Tensor, tokens: np.ndarray, parent: np.ndarray,
+                    depth: np.ndarray) -> torch.Tensor:
+        """The sampling law at every node, each with its own prefix: the row's committed tokens,
+        then the tokens on the path from the root to the node (one call per depth)."""
+        tr = self.cfg
+        if not tr.active:
+            return tr.probs(sel, None, None, None)
+        R, N1 = tokens.shape
+        rows = np.arange(R)
+        path = np.zeros((R, N1, max(int(depth.max()), 1)), np.int64)  # [R, N+1, D] tokens root -> node
+        for i in range(1, N1):
+            path[:, i] = path[rows, parent[:, i]]
+            path[rows, i, depth[:, i] - 1] = tokens[:, i]
+        out = torch.empty_like(sel, dtype=torch.float32)
+        for d in np.unique(depth).tolist():
+            r, i = np.nonzero(depth == d)
+            ri, ii = torch.as_tensor(r, device=sel.device), torch.as_tensor(i, device=sel.device)
+            out[ri, ii] = tr.probs(sel[ri, ii][:, None], self.tokens, self.live[r], path[r, i, :d], d)[:, 0]
+        return out
 
     def commit(
         self, rows: np.ndarray, proposal: Proposal, verdict: Verdict
@@ -242,6 +329,40 @@ class TextProcess:
             done = hit if done is None else (done | hit)
         t.n[rows] += n_used
         ctx = proposal.context
+        R = len(rows)
+        keep = np.minimum(n_accepted, np.maximum(n_used - 1, 0))  # fed drafts that stay in the caches
+        if verdict.path is not None:  # a tree: node i was written at column P - 1 + i
+            path = np.asarray(verdict.path, np.int64)[:, : max(int(keep.max()), 0)]  # [R, D']
+        else:
+            path = np.broadcast_to(np.arange(1, int(keep.max()) + 1), (R, int(keep.max())))
+        cols = ctx.pending[:, None] - 1 + path  # [R, D'] the columns of the kept path
+        if verdict.path is not None:
+            dst = ctx.pending[:, None] + np.arange(path.shape[1])[None, :]
+            move = (np.arange(path.shape[1])[None, :] < keep[:, None]) & (cols != dst)
+            r, j = np.nonzero(move)
+            start = self.target.length
+            self.target.move(r, start[r] + cols[r, j], start[r] + dst[r, j])
+            ctx.fed = n_accepted
+        if ctx.features is not None:
+            self._observe(ctx, cols, keep, n_used)
         advance_length(self.target, ctx.pending, ctx.fed, n_used, n_accepted)
-        self.draft.advance(ctx.draft, n_used, n_accepted)
+        if verdict.path is not None:
+            self.draft.advance(ctx.draft, n_used, n_accepted, verdict.path)
+        else:
+            self.draft.advance(ctx.draft, n_used, n_accepted)
         return n_used, done
+
+    def _observe(self, ctx: _Round, path_cols: np.ndarray, keep: np.ndarray, n_used: np.ndarray) -> None:
+        """Hand the draft the target's features at the positions this round commits to the target's
+        cache, in order: the pending tokens', then the kept path's (none for a row that used nothing)."""
+        P = ctx.pending
+        count = np.where(n_used > 0, P + keep, 0)  # [R]
+        F = max(int(count.max()), 1)
+        j = np.arange(F)[None, :]
+        cols = np.where(j < P[:, None], j, 0)  # [R, F]
+        on = (j >= P[:, None]) & (j < count[:, None])
+        rr, jj = np.nonzero(on)
+        cols[rr, jj] = path_cols[rr, jj - P[rr]]
+        feats = ctx.features  # [R, W, H]
+        idx = torch.as_tensor(cols, device=feats.device)
+        self.draft.observe(feats.gather(1, idx[:, :, None].expand(-1, -1, feats.shape[-1])), count)

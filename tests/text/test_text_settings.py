@@ -66,9 +66,16 @@ def _check(laws, samples, tv):
 
 def _run(make_llama, draft, verify, settings, eos, n_new, tv, n_ret=1):
     target = make_llama(vocab=10, eos=None)
+    tree = None
     if draft == "model":
         draft = make_llama(vocab=10, layers=1, hidden=16, heads=2, kv_heads=1, rng=1)
-    gen = SpeculativeGenerator(target, draft, lookahead=3, verify=verify)
+    elif draft.startswith(("heads:", "feature:")):  # drafts on the target, drafting token trees
+        from tests.text.test_text_tree_drafts import _drafter
+
+        kind, _, shape = draft.partition(":")
+        tree = [int(b) for b in shape.split(",")] if shape[0].isdigit() else shape
+        draft = _drafter(kind, target)
+    gen = SpeculativeGenerator(target, draft, lookahead=3, verify=verify, tree=tree)
     tr = _transforms(settings, eos)
     laws = [continuation_law(target, p, n_new, tr.cfg, eos, transforms=tr) for p in PROMPTS]
     cells = sum(sum(1 for w in law.values() if w > 0) for law in laws)
@@ -97,6 +104,11 @@ CASES = {
     "min-p-typical": ("early-exit:1", "block", dict(temperature=1.2, min_p=0.1, typical_p=0.9), [], 2),
     "user-processor": ("ngram", "block", dict(temperature=1.0, top_k=3, repetition_penalty=2.0,
                                               logits_processor=[NextBoost()]), [0], 3),
+    # token trees: every node's law (target and draft) with that node's own path as its prefix
+    "tree-heads-repetition": ("heads:2,2", "token", dict(temperature=1.0, top_k=4, repetition_penalty=3.0,
+                                                         no_repeat_ngram_size=2), [], 3),
+    "tree-feature-processor": ("feature:dynamic", "token", dict(temperature=1.0, top_k=3, min_new_tokens=2,
+                                                                logits_processor=[NextBoost()]), [0], 3),
 }
 
 

@@ -1,0 +1,209 @@
+"""Drafts on the target (Medusa heads, an EAGLE feature draft) against a separate draft model and
+early exit, with chains and with token trees, batch 1 and 8, all side by side in one run.
+
+Every method decodes the same prompts (held-out standard-library sources) to the same number of
+new tokens at temperature 1 (EOS stops no row). Methods are interleaved group by group and the
+order rotates; each repeat gives a time per method and every speedup is a ratio of times of the
+same repeat (median over repeats, with the range).
+
+- ``plain``: ``target.generate(do_sample=True)`` (transformers, KV cache);
+- ``distilled-*``: the embedded pair's distilled draft model (chains; ``block-auto`` is the best
+  configuration measured before, 2.31x at batch 1);
+- ``early-exit-N``: the target's first N layers and head as the draft;
+- ``medusa-*`` / ``eagle-*``: the heads and the feature draft trained by ``train_heads.py``, as
+  chains (block rule) or trees (``[b1, b2, ...]``: static branching; ``dynamic``: width 4 per level).
+
+Reported per method: tokens/s, speedup over plain, tokens per target call (kept drafts + 1 per row
+and round), ``c_round`` = drafting time per round / time of one plain decoding step (what a round's
+drafting costs next to one target step), and ``r`` = time of one verification call / plain step
+(the cost of scoring the chain's or tree's tokens at once).
+
+Run: ``python benchmarks/text/bench_heads.py`` (about 10 minutes on a quiet core, 1 thread);
+``--quick`` for a short check. Writes ``benchmarks/results/text_heads.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "text"))
+
+from bench_generate import batch, prompts  # noqa: E402
+from report import describe, machine, write  # noqa: E402
+from speculate.domains.text import SpeculativeGenerator  # noqa: E402
+from speculate.domains.text.pair import load_pair, load_self_drafts  # noqa: E402
+
+STATIC_TREE = [3, 2, 1, 1]  # 3 + 6 + 6 + 6 = 21 nodes
+BEST_BEFORE = 2.31  # block rule, automatic lookahead, batch 1 (benchmarks/results/text_generate.md)
+
+
+def generators(target, draft, heads, fd, early_exit: int) -> dict:
+    """name -> SpeculativeGenerator (None: plain transformers sampling)."""
+    return {
+        "plain": None,
+        "distilled-block-4": SpeculativeGenerator(target, draft, lookahead=4, verify="block"),
+        "distilled-block-auto": SpeculativeGenerator(target, draft, lookahead="auto", verify="block"),
+        f"early-exit-{early_exit}-block-4": SpeculativeGenerator(target, f"early-exit:{early_exit}", lookahead=4),
+        "medusa-chain-4": SpeculativeGenerator(target, heads, lookahead=4, verify="block"),
+        f"medusa-tree-{STATIC_TREE}": SpeculativeGenerator(target, heads, tree=STATIC_TREE),
+        "medusa-tree-dynamic": SpeculativeGenerator(target, heads, tree="dynamic"),
+        "eagle-chain-4": SpeculativeGenerator(target, fd, lookahead=4, verify="block"),
+        "eagle-chain-auto": SpeculativeGenerator(target, fd, lookahead="auto", verify="block", max_lookahead=8),
+        f"eagle-tree-{STATIC_TREE}": SpeculativeGenerator(target, fd, tree=STATIC_TREE),
+        "eagle-tree-dynamic": SpeculativeGenerator(target, fd, tree="dynamic"),
+    }
+
+
+def run_one(gen, target, rows, n_new: int, pad: int, seed: int):
+    ids, mask = batch(rows, pad, "cpu")
+    if gen is None:
+        torch.manual_seed(seed)
+        out = target.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=n_new,
+                              min_new_tokens=n_new, pad_token_id=pad)
+        return out.shape[0] * (out.shape[1] - ids.shape[1]), None
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=n_new, eos_token_id=[], rng=seed)
+    return sum(len(t) for t in out.new_tokens), out.stats
+
+
+def setting(gens: dict, target, all_rows, B: int, n_new: int, repeats: int, pad: int) -> dict:
+    groups = [all_rows[i : i + B] for i in range(0, len(all_rows), B)]
+    names = list(gens)
+    for m in names:  # untimed warm-up at this batch size
+        run_one(gens[m], target, groups[0], 8, pad, seed=0)
+    times = {m: [] for m in names}
+    tokens = dict.fromkeys(names, 0)
+    stats: dict[str, list] = {m: [] for m in names}
+    for rep in range(repeats):
+        acc = dict.fromkeys(names, 0.0)
+        for gi, rows in enumerate(groups):
+            for m in names[gi % len(names):] + names[: gi % len(names)]:
+                t0 = time.perf_counter()
+                n, st = run_one(gens[m], target, rows, n_new, pad, seed=1000 * rep + gi)
+                acc[m] += time.perf_counter() - t0
+                if rep == 0:
+                    tokens[m] += n
+                if st is not None:
+                    stats[m].append(st)
+        for m in names:
+            times[m].append(acc[m])
+        print(f"  batch {B} repeat {rep}: " + ", ".join(f"{m} {tokens[m] / acc[m]:.0f}" for m in names),
+              flush=True)
+    plain_step = statistics.median(times["plain"]) / (tokens["plain"] / B)
+    out = {"batch": B, "plain_step_s": plain_step, "same_new_tokens": len(set(tokens.values())) == 1,
+           "methods": {}}
+    for m in names:
+        sp = [times["plain"][r] / times[m][r] for r in range(repeats)]
+        rec = {"tokens_per_s": tokens[m] / statistics.median(times[m]), "speedup_vs_plain": statistics.median(sp),
+               "speedup_range": [min(sp), max(sp)]}
+        s = stats[m]
+        if s:
+            calls = sum(x.target_calls for x in s)
+            rr = sum(x.row_rounds for x in s)
+            rec["tokens_per_call"] = (sum(x.accepted for x in s) + rr) / rr
+            rec["c_round"] = sum(x.draft_time for x in s) / calls / plain_step
+            rec["r"] = sum(x.target_time for x in s) / calls / plain_step
+            rec["verify_and_commit_share"] = (sum(x.verify_time + x.commit_time for x in s)
+                                              / sum(x.draft_time + x.target_time + x.verify_time + x.commit_time
+                                                    for x in s))
+        out["methods"][m] = rec
+    return out
+
+
+def markdown(res: dict, command: str) -> str:
+    lines = ["# Drafts on the target: Medusa heads and an EAGLE feature draft, chains and trees", "",
+             f"Command: `{command}`", "", f"Machine: {describe(res['machine'])}", "",
+             f"Prompts: {res['n_prompts']} held-out prompts of {res['prompt_bytes']} bytes, "
+             f"{res['new_tokens']} new tokens each, temperature 1, {res['repeats']} repeats (medians). "
+             f"Heads: {res['heads']}. Feature draft: {res['feature_draft']}.", ""]
+    for s in res["settings"]:
+        lines += [f"## Batch {s['batch']}", "",
+                  "| method | tokens/s | speedup vs plain (range) | tokens per target call | c_round | r |",
+                  "|---|---|---|---|---|---|"]
+        for m, rec in s["methods"].items():
+            lo, hi = rec["speedup_range"]
+            tpc = f"{rec['tokens_per_call']:.2f}" if "tokens_per_call" in rec else "1"
+            cr = f"{rec['c_round']:.3f}" if "c_round" in rec else "-"
+            r = f"{rec['r']:.2f}" if "r" in rec else "1"
+            lines.append(f"| {m} | {rec['tokens_per_s']:.0f} | {rec['speedup_vs_plain']:.2f}x "
+                         f"({lo:.2f}-{hi:.2f}) | {tpc} | {cr} | {r} |")
+        lines.append("")
+    lines += ["## Goals", ""] + [f"- {g}" for g in goals(res)]
+    return "\n".join(lines) + "\n"
+
+
+def goals(res: dict) -> list[str]:
+    b1 = next(s for s in res["settings"] if s["batch"] == 1)["methods"]
+    out = []
+    med = max((m for m in b1 if m.startswith("medusa")), key=lambda m: b1[m]["tokens_per_call"])
+    ok = b1[med]["tokens_per_call"] >= 2.0 and b1[med]["c_round"] <= 0.05
+    out.append(f"heads: tokens per call >= 2.0 with c <= 0.05: {med} {b1[med]['tokens_per_call']:.2f} tokens/call, "
+               f"c_round {b1[med]['c_round']:.3f}: {'met' if ok else 'missed'}")
+    eg = b1["eagle-chain-4"]
+    dm = b1["distilled-block-4"]
+    ok = eg["tokens_per_call"] >= dm["tokens_per_call"] and eg["c_round"] < dm["c_round"]
+    out.append(f"feature draft >= the distilled draft's tokens per call at lower c (chains of 4, block): "
+               f"{eg['tokens_per_call']:.2f} vs {dm['tokens_per_call']:.2f} tokens/call, c_round "
+               f"{eg['c_round']:.3f} vs {dm['c_round']:.3f}: {'met' if ok else 'missed'}")
+    for who in ("medusa", "eagle"):
+        chain = b1[f"{who}-chain-4"]["tokens_per_call"]
+        tree = b1[f"{who}-tree-{STATIC_TREE}"]["tokens_per_call"]
+        out.append(f"{who}: a tree of depth 4 adds >= 15% tokens per call over the chain of 4: "
+                   f"{tree:.2f} vs {chain:.2f} (+{100 * (tree / chain - 1):.0f}%): "
+                   f"{'met' if tree >= 1.15 * chain else 'missed'}")
+    best = max(b1, key=lambda m: b1[m]["speedup_vs_plain"])
+    ref = b1["distilled-block-auto"]["speedup_vs_plain"]
+    out.append(f"best configuration beats block + auto lookahead with the distilled draft, side by side: "
+               f"{best} {b1[best]['speedup_vs_plain']:.2f}x vs {ref:.2f}x (today's best measured "
+               f"earlier: {BEST_BEFORE}x): {'met' if b1[best]['speedup_vs_plain'] > ref else 'missed'}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompt-bytes", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--early-exit", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, 1 repeat")
+    ap.add_argument("--out", default=None, help="folder for the results (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.prompts, args.new_tokens, args.repeats = 2, 32, 1
+    torch.set_num_threads(args.threads)
+    target, draft, tok = load_pair()
+    heads, fd = load_self_drafts(target)
+    pad = int(target.config.pad_token_id)
+    rows = prompts(tok, args.prompts, args.prompt_bytes, seed=0)
+    gens = generators(target, draft, heads, fd, args.early_exit)
+    res = {"n_prompts": args.prompts, "prompt_bytes": args.prompt_bytes, "new_tokens": args.new_tokens,
+           "repeats": args.repeats, "static_tree": STATIC_TREE,
+           "heads": f"{heads.n_heads} Medusa heads, {sum(p.numel() for p in heads.parameters()):,} parameters",
+           "feature_draft": f"1 layer, {sum(p.numel() for p in fd.parameters()):,} parameters",
+           "settings": []}
+    for B in args.batches:
+        if B > args.prompts:
+            continue
+        res["settings"].append(setting(gens, target, rows, B, args.new_tokens, args.repeats, pad))
+    res["machine"] = machine()
+    res["goals"] = goals(res) if 1 in args.batches else []
+    command = "python benchmarks/text/bench_heads.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    paths = write("text_heads" if not args.quick else "text_heads_quick", res, markdown(res, command.strip()),
+                  folder=args.out)
+    print("\n".join(res["goals"]))
+    print("wrote", *paths)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""speculate.domains.text.heads and .feature_draft: drafts that live on a frozen target.
+
+Tiny random Llamas (no downloads). The training tests use a repeating synthetic token stream;
+with self-distillation the windows' second halves are the target's own samples.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from speculate.domains.text.conformance import tiny_llama
+from speculate.domains.text.feature_draft import FeatureDraft, rope_theta, train_feature_draft
+from speculate.domains.text.heads import MedusaHeads, target_features, train_heads
+
+STREAM = [torch.tensor([(7 * i * i + 3 * i) % 64 for i in range(50)]).repeat(50)]  # period 50
+FAST = dict(steps=60, batch_size=8, seq_len=32, lr=1e-2, eval_batch=16)
+
+
+def llama(**kw) -> torch.nn.Module:
+    return tiny_llama(**{"vocab": 64, "hidden": 32, "layers": 2, **kw})
+
+
+def scrambled(module: torch.nn.Module, seed: int = 0, std: float = 0.3) -> torch.nn.Module:
+    """Random weights everywhere (fresh drafts have zero residual branches, hiding bugs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
+    return module.eval()
+
+
+# ------------------------------------------------------------------------------------ shapes
+
+
+def test_shapes_and_features():
+    target = llama()
+    ids = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(0))
+    feats, logits = target_features(target, ids)
+    assert feats.shape == (3, 7, 32) and logits.shape == (3, 7, 64)
+    assert torch.allclose(target.get_output_embeddings()(feats), logits)
+    heads = MedusaHeads.for_target(target, n_heads=3, n_layers=2)
+    assert heads(feats).shape == (3, 7, 3, 64)
+    draft = FeatureDraft.for_target(target)
+    hid, out = draft(feats[:, :-1], ids[:, 1:], torch.arange(6).expand(3, 6))
+    assert hid.shape == (3, 6, 32) and out.shape == (3, 6, 64)
+    # only the draft's own weights are saved: the target's embeddings are shared
+    assert not any("embed" in k or "lm_head" in k for k in draft.state_dict())
+
+
+def test_fresh_heads_are_the_target_head_one_step_late():
+    target = llama()
+    feats, logits = target_features(target, torch.tensor([[5, 9, 1, 3, 3]]))
+    out = MedusaHeads.for_target(target, n_heads=4)(feats)  # [1, 5, 4, 64]
+    for i in range(4):
+        assert torch.allclose(out[:, :, i], logits, atol=1e-6)
+
+
+def test_rope_theta_from_config():
+    assert rope_theta(llama().config) == 10000.0
+    from transformers import LlamaConfig
+
+    assert rope_theta(LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 5e5})) == 5e5
+
+
+# ----------------------------------------------------------------------------- save and load
+
+
+@pytest.mark.parametrize("kind", [MedusaHeads, FeatureDraft])
+def test_save_load_round_trip(kind, tmp_path):
+    target = llama()
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    feats, _ = target_features(target, ids)
+    pos = torch.arange(8).expand(2, 8)
+    model = scrambled(kind.for_target(target))
+
+    def run(m):
+        return m(feats) if kind is MedusaHeads else m(feats[:, :-1], ids[:, 1:], pos)[1]
+
+    model.save_pretrained(tmp_path)
+    loaded = kind.from_pretrained(tmp_path, target)
+    assert torch.equal(run(model), run(loaded))
+    assert not loaded.training
+
+
+@pytest.mark.parametrize("kind", [MedusaHeads, FeatureDraft])
+@pytest.mark.parametrize("other, numbers", [(dict(hidden=48), ("32", "48")), (dict(vocab=80), ("64", "80"))])
+def test_from_pretrained_refuses_another_target(kind, other, numbers, tmp_path):
+    kind.for_target(llama()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as err:
+        kind.from_pretrained(tmp_path, llama(**other))
+    assert all(n in str(err.value) for n in numbers), str(err.value)
+    assert "train" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------- training
+
+
+def test_training_raises_acceptance():
+    torch.set_num_threads(1)
+    target = llama()
+    res = train_heads(target, STREAM, n_heads=2, **FAST)
+    assert len(res.alpha_after) == 2 and len(res.losses) == FAST["steps"]
+    for before, after in zip(res.alpha_before, res.alpha_after, strict=True):
+        assert after > before + 0.04, (res.alpha_before, res.alpha_after)  # observed about +0.09
+    fd = train_feature_draft(target, STREAM, **FAST)
+    assert fd.alpha_after > fd.alpha_before + 0.04, (fd.alpha_before, fd.alpha_after)  # about +0.10
+    assert fd.alpha_rollout > fd.alpha_rollout_before + 0.04, (fd.alpha_rollout_before, fd.alpha_rollout)
+    assert all(p.grad is None for p in target.parameters())  # the target stays frozen
+
+
+def test_training_mode_target_is_refused():
+    target = llama().train()
+    for call in (lambda: train_heads(target, STREAM, **FAST), lambda: train_feature_draft(target, STREAM, **FAST),
+                 lambda: target_features(target, torch.tensor([[1, 2]]))):
+        with pytest.raises(ValueError, match="training mode"):
+            call()
+
+
+# ------------------------------------------------------------------------- the feature cache
+
+
+def setup(seed: int = 0):
+    target = llama(dtype=torch.float64)
+    draft = scrambled(FeatureDraft.for_target(target), seed)
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(2, 8, 32, generator=g, dtype=torch.float64)  # [R, W, H]
+    tokens = torch.randint(0, 64, (2, 8), generator=g)  # [R, W]
+    pos = torch.arange(8).expand(2, 8)  # [R, W]
+    return draft, feats, tokens, pos
+
+
+def test_cache_column_by_column_equals_causal_forward():
+    draft, feats, tokens, pos = setup()
+    full, _ = draft(feats, tokens, pos)  # [2, 8, H]
+    cache = draft.new_cache(batch=2, capacity=3)  # grows as columns arrive
+    for j in range(8):
+        visible = torch.ones(2, 1, j + 1, dtype=torch.bool)
+        hid, _ = draft(feats[:, j:j + 1], tokens[:, j:j + 1], pos[:, j:j + 1], cache, pos[:, j:j + 1], visible)
+        torch.testing.assert_close(hid[:, 0], full[:, j], atol=1e-5, rtol=0)
+    cache.select(torch.tensor([1]).numpy())  # keep row 1 only
+    assert cache.keys.shape[0] == 1
+    cache.release()
+    assert cache.keys is None
+
+
+def test_tree_siblings_and_move():
+    draft, feats, tokens, pos = setup(1)
+    P = 5
+    cache = draft.new_cache(batch=2, capacity=P + 3)
+    causal = torch.ones(P, P, dtype=torch.bool).tril().expand(2, P, P)
+    draft(feats[:, :P], tokens[:, :P], pos[:, :P], cache, pos[:, :P], causal)
+    # two siblings at position P (slots P and P + 1), each sees the prefix and itself
+    f2, t2 = feats[:, P:P + 2], tokens[:, P:P + 2]  # sibling a = column P, b = column P + 1
+    visible = torch.zeros(2, 2, P + 2, dtype=torch.bool)
+    visible[:, :, :P] = True
+    visible[:, 0, P] = visible[:, 1, P + 1] = True
+    hid, _ = draft(f2, t2, torch.full((2, 2), P), cache, torch.tensor([[P, P + 1]] * 2), visible)
+    for s in range(2):
+        path, _ = draft(torch.cat([feats[:, :P], f2[:, s:s + 1]], 1), torch.cat([tokens[:, :P], t2[:, s:s + 1]], 1),
+                        pos[:, :P + 1])
+        torch.testing.assert_close(hid[:, s], path[:, -1], atol=1e-5, rtol=0)
+    # accept sibling b in row 0 and sibling a in row 1: commit them to slot P, then decode position P + 1
+    cache.move(torch.tensor([0]), torch.tensor([P + 1]), torch.tensor([P]))
+    nxt_f, nxt_t = feats[:, P + 2:P + 3], tokens[:, P + 2:P + 3]
+    hid, _ = draft(nxt_f, nxt_t, torch.full((2, 1), P + 1), cache, torch.full((2, 1), P + 1),
+                   torch.ones(2, 1, P + 2, dtype=torch.bool))
+    for row, s in ((0, 1), (1, 0)):
+        path, _ = draft(torch.cat([feats[row:row + 1, :P], f2[row:row + 1, s:s + 1], nxt_f[row:row + 1]], 1),
+                        torch.cat([tokens[row:row + 1, :P], t2[row:row + 1, s:s + 1], nxt_t[row:row + 1]], 1),
+                        pos[:1, :P + 2])
+        torch.testing.assert_close(hid[row, 0], path[0, -1], atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------- shipped weights
+
+
+def test_shipped_drafts_load_on_the_embedded_target():
+    from speculate.domains.text.feature_draft import feature_draft_acceptance
+    from speculate.domains.text.heads import heads_acceptance
+    from speculate.domains.text.pair import MODELS_DIR, load_pair
+
+    target, _, tok = load_pair()
+    heads = MedusaHeads.from_pretrained(MODELS_DIR / "target-heads", target)
+    draft = FeatureDraft.from_pretrained(MODELS_DIR / "target-feature-draft", target)
+    text = "def total(values):\n    result = 0\n    for value in values:\n        result += value\n    return result\n"
+    ids = tok(text, return_tensors="pt").input_ids  # [1, L]
+    fresh_heads = heads_acceptance(target, MedusaHeads.for_target(target, heads.n_heads), ids)
+    assert all(a > b for a, b in zip(heads_acceptance(target, heads, ids), fresh_heads, strict=True))
+    fresh = FeatureDraft.for_target(target, intermediate_size=draft.config["intermediate_size"])
+    assert feature_draft_acceptance(target, draft, ids)[0] > feature_draft_acceptance(target, fresh, ids)[0]
