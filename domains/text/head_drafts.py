@@ -168,7 +168,7 @@ class MedusaDraft(_FeatureReader):
         q = None if tr.greedy else np.zeros((R, k, vocab), np.float32)
         if steps == 0:
             return Drafted(out, q, lengths, None)
-        x = self.heads(self.feat)[:, :steps].float()  # [R, steps, V]
+        x = self.heads.draft_logits(self.feat)[:, :steps].float()  # [R, steps, V]
         if tr.greedy:
             out[:, :steps] = x.argmax(-1).cpu().numpy()
             return Drafted(out, q, lengths, None)
@@ -181,7 +181,7 @@ class MedusaDraft(_FeatureReader):
         return Drafted(out, q, lengths, None)
 
     def _logits_at(self, rows: np.ndarray, tokens: TokenBuffer):
-        logits = self.heads(self.feat) if self.feat is not None else None  # [R, n_heads, V]: ONE call
+        logits = self.heads.draft_logits(self.feat) if self.feat is not None else None  # [R, n_heads, V]: ONE call
 
         def at(nodes: np.ndarray, d: int, parent: np.ndarray, toks: np.ndarray) -> torch.Tensor:
             return logits[:, d][:, None].expand(-1, nodes.shape[1], -1)  # [R, M, V]: every node of depth d

@@ -159,6 +159,24 @@ class MedusaHeads(torch.nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return torch.stack([head(features) for head in self.heads], dim=-2)  # [..., n_heads, V]
 
+    @torch.no_grad()
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` on ``features`` ``[R, H]`` as three batched matrix products over the heads
+        (what drafting calls: ``[R, n_heads, V]``, equal up to float rounding). The stacked weights
+        are rebuilt whenever a parameter changes."""
+        key = tuple((id(p), p._version) for p in self.parameters())
+        if self.__dict__.get("_stacked_key") != key:
+            L = self.config["n_layers"]
+            Ws = [torch.stack([h[i].linear.weight.T for h in self.heads]) for i in range(L)]  # [n, H, H]
+            bs = [torch.stack([h[i].linear.bias for h in self.heads])[:, None] for i in range(L)]  # [n, 1, H]
+            P = torch.stack([h[-1].weight.T for h in self.heads])  # [n, H, V]
+            self.__dict__["_stacked"], self.__dict__["_stacked_key"] = (Ws, bs, P), key
+        Ws, bs, P = self.__dict__["_stacked"]
+        x = features.to(P.dtype).expand(self.n_heads, *features.shape)  # [n, R, H]
+        for W, b in zip(Ws, bs, strict=True):
+            x = x + F.silu(torch.baddbmm(b, x, W))  # [n, R, H]
+        return torch.bmm(x, P).transpose(0, 1)  # [R, n, V]
+
     @classmethod
     def for_target(cls, target: torch.nn.Module, n_heads: int = 4, n_layers: int = 1) -> MedusaHeads:
         """Fresh heads for ``target``, each output layer a copy of its output embedding."""

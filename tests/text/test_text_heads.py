@@ -188,3 +188,14 @@ def test_shipped_drafts_load_on_the_embedded_target():
     assert all(a > b for a, b in zip(heads_acceptance(target, heads, ids), fresh_heads, strict=True))
     fresh = FeatureDraft.for_target(target, intermediate_size=draft.config["intermediate_size"])
     assert feature_draft_acceptance(target, draft, ids)[0] > feature_draft_acceptance(target, fresh, ids)[0]
+
+
+def test_draft_logits_equal_forward_and_follow_weight_changes():
+    """Drafting's batched form of the heads gives forward's logits, also after the weights change."""
+    target = tiny_llama(vocab=64, hidden=32, layers=2, dtype=torch.float64)
+    heads = MedusaHeads.for_target(target, n_heads=3, n_layers=2).to(torch.float64)
+    f = torch.randn(5, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(heads.draft_logits(f), heads(f).detach())
+    with torch.no_grad():
+        heads.heads[1][0].linear.weight.add_(0.5)
+    torch.testing.assert_close(heads.draft_logits(f), heads(f).detach())
