@@ -73,7 +73,7 @@ def _run(make_llama, draft, verify, settings, eos, n_new, tv, n_ret=1):
         from tests.text.test_text_tree_drafts import _drafter
 
         kind, _, shape = draft.partition(":")
-        tree = [int(b) for b in shape.split(",")] if shape[0].isdigit() else shape
+        tree = None if not shape else [int(b) for b in shape.split(",")] if shape[0].isdigit() else shape
         draft = _drafter(kind, target)
     gen = SpeculativeGenerator(target, draft, lookahead=3, verify=verify, tree=tree)
     tr = _transforms(settings, eos)
@@ -107,6 +107,9 @@ CASES = {
     # token trees: every node's law (target and draft) with that node's own path as its prefix
     "tree-heads-repetition": ("heads:2,2", "token", dict(temperature=1.0, top_k=4, repetition_penalty=3.0,
                                                          no_repeat_ngram_size=2), [], 3),
+    # a chain from the feature draft with prefix processors: drafted as a tree of one branch, block rule
+    "chain-feature-repetition": ("feature:", "block", dict(temperature=1.0, top_k=4, repetition_penalty=3.0,
+                                                           no_repeat_ngram_size=2), [0], 3),
     "tree-feature-processor": ("feature:dynamic", "token", dict(temperature=1.0, top_k=3, min_new_tokens=2,
                                                                 logits_processor=[NextBoost()]), [0], 3),
 }

@@ -91,16 +91,17 @@ def test_greedy_equals_targets_greedy(make_llama, kind, tree):
     gen = SpeculativeGenerator(target, _drafter(kind, target), lookahead=3, tree=tree)
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=14, temperature=0, eos_token_id=[])
     assert out.sequences == want.sequences
-    assert out.stats.rounds < 3 * 14  # drafts were accepted at all (the draft is not idle)
+    assert out.stats.accepted >= 5  # drafts were kept (8 to 18 of them on these models), not only verifier draws
+    assert set(out.stats.routes) == ({"greedy"} if tree is None else {"tree_greedy"})
 
 
 # (drafter, tree, temperature, top_k, top_p, eos, lookahead, n_new)
 LAWS = [
     ("heads", [2, 2], 0.9, 4, 0.9, [], 3, 2),
     ("feature", "dynamic", 1.2, 3, None, [0], 3, 3),
+    ("heads", None, 1.0, 3, None, [0], 3, 3),  # the chain path: every head's law at once, block rule
 ]
 SLOW_LAWS = [
-    ("heads", None, 1.0, 3, None, [0], 3, 3),
     ("feature", Tree(Tree.from_branching([3, 1]).parent, replacement=True), 1.0, 3, None, [], 3, 3),
     ("heads", DynamicTree(width=3, depth=3, max_children=2, replacement=True), 1.0, 3, None, [0], 3, 3),
     ("feature", None, 0.8, 4, None, [0], "auto", 3),
