@@ -415,16 +415,12 @@ def _seq2seq_draft(draft: Any, target: Any) -> Seq2SeqDraft | SourceNgramDraft:
     """The draft for an encoder-decoder ``target`` (see :func:`make_draft`)."""
     tname = type(target).__name__
     if isinstance(draft, str):
-        m = _NGRAM.match(draft)
-        if m:
-            n = int(m.group(1) or 3)
-            if n < 1:
-                raise ValueError(f"{draft!r}: N in 'ngram:N' (the longest n-gram looked up) must be >= 1")
+        kind, n = _named_draft(draft)
+        if kind == "ngram":
             return SourceNgramDraft(max_n=n)
-        m = _EARLY.match(draft)
-        if m:
+        if kind == "early-exit":
             path = decoder_layers_path(target)
-            return Seq2SeqDraft(early_exit_model(target, int(m.group(1)), path), shares_encoder=True)
+            return Seq2SeqDraft(early_exit_model(target, n, path), shares_encoder=True)
         raise ValueError(f"unknown draft {draft!r}: pass an encoder-decoder model, a decoder that "
                          "reads the target's encoder (WhisperForCausalLM), 'ngram', 'ngram:N' or "
                          "'early-exit:N'")
@@ -452,6 +448,19 @@ _EARLY = re.compile(r"^early-exit:(\d+)$")
 _NGRAM = re.compile(r"^ngram(?::(\d+))?$")
 
 
+def _named_draft(draft: str) -> tuple[str | None, int]:
+    """``("ngram", N)`` for ``"ngram"`` / ``"ngram:N"`` (N >= 1, default 3), ``("early-exit", N)``
+    for ``"early-exit:N"``, ``(None, 0)`` for anything else."""
+    m = _NGRAM.match(draft)
+    if m:
+        n = int(m.group(1) or 3)
+        if n < 1:
+            raise ValueError(f"{draft!r}: N in 'ngram:N' (the longest n-gram looked up) must be >= 1")
+        return "ngram", n
+    m = _EARLY.match(draft)
+    return ("early-exit", int(m.group(1))) if m else (None, 0)
+
+
 def make_draft(draft: Any, target: Any) -> ModelDraft | NgramDraft:
     """The draft object for ``draft`` (a model, ``"ngram"``, ``"ngram:N"`` or ``"early-exit:N"``);
     for an encoder-decoder ``target``, their encoder-decoder counterparts."""
@@ -463,15 +472,11 @@ def make_draft(draft: Any, target: Any) -> ModelDraft | NgramDraft:
             f"{type(target).__name__} is a decoder-only LM: an encoder-decoder draft needs an "
             "encoder-decoder target")
     if isinstance(draft, str):
-        m = _NGRAM.match(draft)
-        if m:
-            n = int(m.group(1) or 3)
-            if n < 1:
-                raise ValueError(f"{draft!r}: N in 'ngram:N' (the longest n-gram looked up) must be >= 1")
+        kind, n = _named_draft(draft)
+        if kind == "ngram":
             return NgramDraft(max_n=n)
-        m = _EARLY.match(draft)
-        if m:
-            return EarlyExitDraft(target, int(m.group(1)))
+        if kind == "early-exit":
+            return EarlyExitDraft(target, n)
         raise ValueError(
             f"unknown draft {draft!r}: pass a causal LM, 'ngram', 'ngram:N' or 'early-exit:N'")
     if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):

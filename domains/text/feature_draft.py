@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .distill import DIVERGENCES, divergence_loss, token_stream
+from .distill import divergence_loss
 from .heads import (
     acceptance,
     check_summary,
@@ -47,12 +47,12 @@ from .heads import (
     load_weights,
     optimizer_step,
     save_module,
-    seeded,
     target_features,
     target_summary,
+    training_data,
     training_windows,
 )
-from .kv_cache import check_eval_mode, text_config
+from .kv_cache import text_config
 from .progress import progress_bar
 
 CONFIG_NAME, WEIGHTS_NAME = "feature_draft_config.json", "feature_draft.safetensors"
@@ -310,20 +310,15 @@ def train_feature_draft(target: torch.nn.Module, texts, *, tokenizer=None, steps
     Train on windows as long as the contexts drafted from: attention over longer distances than
     trained on loses acceptance.
     """
-    check_eval_mode(target, "target")
-    if divergence not in DIVERGENCES:
-        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
     if steps < 0 or batch_size < 1 or seq_len < 4 or noise < 0:
         raise ValueError(f"need steps >= 0, batch_size >= 1, seq_len >= 4, noise >= 0; got {steps}, "
                          f"{batch_size}, {seq_len}, {noise}")
+    gen, stream, eval_ids = training_data(target, texts, tokenizer, eval_texts, eval_batch, seq_len,
+                                          divergence, temperature, rng)
     draft = draft if draft is not None else FeatureDraft.for_target(target)
     draft.check_target(target)
     say, t0 = log or (lambda s: None), time.perf_counter()
     dev = target.get_output_embeddings().weight.device
-    gen = seeded(rng, dev)
-    stream = token_stream(texts, tokenizer)
-    eval_stream = stream if eval_texts is None else token_stream(eval_texts, tokenizer)
-    eval_ids = training_windows(target, eval_stream, eval_batch, seq_len, True, temperature, gen(1, "cpu"), gen(2))
     start = seq_len // 2 - 1
 
     def evaluate() -> tuple[float, float]:

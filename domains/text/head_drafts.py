@@ -59,13 +59,14 @@ class _FeatureReader:
 
     reads_features = True
 
-    def __init__(self, target: Any, tree: Any, max_depth: int, what: str) -> None:
-        self.spec = DynamicTree(depth=min(4, max_depth)) if isinstance(tree, str) and tree == "dynamic" else (
-            as_tree_spec(tree))
-        if self.spec is not None and self.spec.depth > max_depth:
+    def __init__(self, target: Any, tree: Any, max_depth: int | None, what: str) -> None:
+        """``max_depth``: the deepest level the draft can draft (the heads' count; None: any)."""
+        dynamic = isinstance(tree, str) and tree == "dynamic"
+        self.spec = DynamicTree(depth=min(4, max_depth or 4)) if dynamic else as_tree_spec(tree)
+        if max_depth is not None and self.spec is not None and self.spec.depth > max_depth:
             raise ValueError(f"the tree is {self.spec.depth} levels deep but the {what} drafts at most "
                              f"{max_depth} levels; use a shallower tree")
-        self.max_depth = max_depth
+        self.max_depth = max_depth if max_depth is not None else (self.spec.depth if self.spec else 1 << 30)
         self.device = next(target.parameters()).device
 
     def propose(self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray,
@@ -198,10 +199,9 @@ class EagleDraft(_FeatureReader):
     ``n - 1 + v`` (``n``: the row's committed columns), overwritten by the next round.
     """
 
-    def __init__(self, draft: FeatureDraft, target: Any, tree: Any = None, max_depth: int = 8) -> None:
+    def __init__(self, draft: FeatureDraft, target: Any, tree: Any = None) -> None:
         draft.check_target(target)
-        depth = max_depth if self_depth(tree) is None else max(max_depth, self_depth(tree))
-        super().__init__(target, tree, depth, "feature draft")
+        super().__init__(target, tree, None, "feature draft")  # autoregressive: any depth
         self.fd = draft
         self.cache = draft.new_cache()
         self.fbuf: torch.Tensor | None = None  # [B, C, H]: the target's features by position
@@ -211,7 +211,7 @@ class EagleDraft(_FeatureReader):
 
     def reset(self, tokens: TokenBuffer, capacity: int, spare: int = 0) -> None:
         B = len(tokens.n)
-        self.capacity = capacity + spare + (self.spec.n_nodes if self.spec is not None else self.max_depth) + 2
+        self.capacity = capacity + spare + (self.spec.n_nodes if self.spec is not None else 0) + 2
         self.cache.reset(B, self.capacity)
         self.fbuf = None
         self.flen = np.zeros(B, np.int64)
@@ -298,8 +298,3 @@ class EagleDraft(_FeatureReader):
 
         return at
 
-
-def self_depth(tree: Any) -> int | None:
-    """The depth of a tree argument (None for chains)."""
-    spec = as_tree_spec(tree)
-    return None if spec is None else spec.depth

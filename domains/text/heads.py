@@ -299,6 +299,23 @@ def optimizer_step(opt: torch.optim.Optimizer, loss: torch.Tensor, params: list,
     return loss.item()
 
 
+def training_data(target: torch.nn.Module, texts: Any, tokenizer: Any, eval_texts: Any, eval_batch: int,
+                  seq_len: int, divergence: str, temperature: float,
+                  rng: int | np.random.Generator | None
+                  ) -> tuple[Callable[..., torch.Generator], torch.Tensor, torch.Tensor]:
+    """What a draft trained on a frozen target starts from: the seeded generators (:func:`seeded`),
+    the training token stream and the fixed evaluation windows ``[eval_batch, seq_len]`` (second
+    halves sampled from the target). Refuses a target in training mode and an unknown divergence."""
+    check_eval_mode(target, "target")
+    if divergence not in DIVERGENCES:
+        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+    gen = seeded(rng, target.get_output_embeddings().weight.device)
+    stream = token_stream(texts, tokenizer)
+    eval_stream = stream if eval_texts is None else token_stream(eval_texts, tokenizer)
+    eval_ids = training_windows(target, eval_stream, eval_batch, seq_len, True, temperature, gen(1, "cpu"), gen(2))
+    return gen, stream, eval_ids
+
+
 @dataclass
 class HeadsResult:
     """What :func:`train_heads` did: per-head acceptance before and after, the loss per step."""
@@ -327,19 +344,13 @@ def train_heads(target: torch.nn.Module, texts, *, tokenizer=None, n_heads: int 
     head on ``eval_batch`` windows of ``eval_texts`` (default ``texts``) whose second half the
     target samples, at positions ``t >= seq_len // 2 - 1``. ``rng`` seeds everything.
     """
-    check_eval_mode(target, "target")
-    if divergence not in DIVERGENCES:
-        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
     if steps < 0 or batch_size < 1 or seq_len < 4:
         raise ValueError(f"need steps >= 0, batch_size >= 1, seq_len >= 4; got {steps}, {batch_size}, {seq_len}")
+    gen, stream, eval_ids = training_data(target, texts, tokenizer, eval_texts, eval_batch, seq_len,
+                                          divergence, temperature, rng)
     heads = heads if heads is not None else MedusaHeads.for_target(target, n_heads, n_layers)
     heads.check_target(target)
     say, t0 = log or (lambda s: None), time.perf_counter()
-    dev = target.get_output_embeddings().weight.device
-    gen = seeded(rng, dev)
-    stream = token_stream(texts, tokenizer)
-    eval_stream = stream if eval_texts is None else token_stream(eval_texts, tokenizer)
-    eval_ids = training_windows(target, eval_stream, eval_batch, seq_len, True, temperature, gen(1, "cpu"), gen(2))
     start = seq_len // 2 - 1
 
     def evaluate() -> list[float]:

@@ -36,6 +36,7 @@ from speculate.verify.tree import tree_depths
 from .kv_cache import CachedModel, advance_length
 from .processors import Transforms, as_transforms
 from .sampling import SamplingConfig
+from .token_trees import tree_probs
 
 __all__ = ["Draft", "Drafted", "DraftedTree", "TextProcess", "TokenBuffer"]
 
@@ -280,31 +281,11 @@ class TextProcess:
         idx = torch.as_tensor(cols, device=logits.device)  # [R, N+1]
         sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, N+1, V]
         _check_logits(sel, self.live)
-        p = self._tree_probs(sel, tokens, parent, depth).cpu().numpy()  # [R, N+1, V]
+        p = tree_probs(self.cfg, sel, self.tokens, self.live, tokens, parent, depth).cpu().numpy()  # [R, N+1, V]
         ctx = proposal.context
         ctx.pending = P
         ctx.features = self.target.features if self.target.capture else None
         return Categorical(probs=p, validate=False)
-
-    def _tree_probs(self, sel: torch.Tensor, tokens: np.ndarray, parent: np.ndarray,
-                    depth: np.ndarray) -> torch.Tensor:
-        """The sampling law at every node, each with its own prefix: the row's committed tokens,
-        then the tokens on the path from the root to the node (one call per depth)."""
-        tr = self.cfg
-        if not tr.active:
-            return tr.probs(sel, None, None, None)
-        R, N1 = tokens.shape
-        rows = np.arange(R)
-        path = np.zeros((R, N1, max(int(depth.max()), 1)), np.int64)  # [R, N+1, D] tokens root -> node
-        for i in range(1, N1):
-            path[:, i] = path[rows, parent[:, i]]
-            path[rows, i, depth[:, i] - 1] = tokens[:, i]
-        out = torch.empty_like(sel, dtype=torch.float32)
-        for d in np.unique(depth).tolist():
-            r, i = np.nonzero(depth == d)
-            ri, ii = torch.as_tensor(r, device=sel.device), torch.as_tensor(i, device=sel.device)
-            out[ri, ii] = tr.probs(sel[ri, ii][:, None], self.tokens, self.live[r], path[r, i, :d], d)[:, 0]
-        return out
 
     def commit(
         self, rows: np.ndarray, proposal: Proposal, verdict: Verdict

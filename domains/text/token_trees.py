@@ -42,7 +42,7 @@ from speculate.verify.tree import tree_depths
 from .processors import Transforms
 from .sampling import probabilities
 
-__all__ = ["DynamicTree", "StaticTree", "as_tree_spec", "grow_tree", "node_scores"]
+__all__ = ["DynamicTree", "StaticTree", "as_tree_spec", "grow_tree", "node_scores", "tree_probs"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,27 @@ def node_scores(tr: Transforms, logits: torch.Tensor, buf: Any, rows: np.ndarray
     if not tr.active:
         return logits.float()
     return tr.scores(logits[:, None], buf, rows, path[:, :d], d)[:, 0]
+
+
+def tree_probs(tr: Transforms, logits: torch.Tensor, buf: Any, rows: np.ndarray, tokens: np.ndarray,
+               parent: np.ndarray, depth: np.ndarray) -> torch.Tensor:
+    """The sampling law ``[R, N+1, V]`` at every node of a scored tree (``logits`` ``[R, N+1, V]``,
+    ``tokens``, ``parent``, ``depth`` int64 ``[R, N+1]``), each node with its own prefix: the row's
+    committed tokens, then the path's tokens (one call of the settings per depth)."""
+    if not tr.active:
+        return tr.probs(logits, None, None, None)
+    R, N1 = tokens.shape
+    rr = np.arange(R)
+    path = np.zeros((R, N1, max(int(depth.max()), 1)), np.int64)  # [R, N+1, D] tokens root -> node
+    for i in range(1, N1):
+        path[:, i] = path[rr, parent[:, i]]
+        path[rr, i, depth[:, i] - 1] = tokens[:, i]
+    out = torch.empty_like(logits, dtype=torch.float32)
+    for d in np.unique(depth).tolist():
+        r, i = np.nonzero(depth == d)
+        ri, ii = torch.as_tensor(r, device=logits.device), torch.as_tensor(i, device=logits.device)
+        out[ri, ii] = tr.probs(logits[ri, ii][:, None], buf, rows[r], path[r, i, :d], d)[:, 0]
+    return out
 
 
 def _levels(parent: np.ndarray) -> list[np.ndarray]:
