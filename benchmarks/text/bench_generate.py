@@ -169,21 +169,19 @@ def warm_up(methods: dict, rows, refused: dict | None = None) -> dict:
     return refused
 
 
-def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
-    k, n_new = args.lookahead, args.new_tokens
-    methods = make_methods(target, draft, k, n_new, pad, args.device, batch_size,
-                           early_exit=args.early_exit)
-    groups = [all_prompts[i : i + batch_size] for i in range(0, len(all_prompts), batch_size)]
-    refused = warm_up(methods, groups[0])  # warm-up at this batch size (allocations, first calls)
+def interleaved(methods: dict, groups: list, repeats: int, label: str) -> tuple[dict, dict, dict]:
+    """Time every method on every group of rows, the order rotating group by group, ``repeats``
+    times. ``methods``: name -> function(rows, seed) -> (new tokens, stats or None). Returns
+    ``(times, tokens, stats)``: per method the total time of each repeat, the new tokens of one
+    repeat and every run's stats."""
     names = list(methods)
-    times = {m: [] for m in names}
-    tokens = {m: 0 for m in names}
+    times: dict[str, list] = {m: [] for m in names}
+    tokens = dict.fromkeys(names, 0)
     stats: dict[str, list] = {m: [] for m in names}
-    for rep in range(args.repeats):
+    for rep in range(repeats):
         acc = dict.fromkeys(names, 0.0)
         for gi, rows in enumerate(groups):
-            order = names[gi % len(names):] + names[: gi % len(names)]  # rotate the order
-            for m in order:
+            for m in names[gi % len(names):] + names[: gi % len(names)]:  # rotate the order
                 t0 = time.perf_counter()
                 n, st = methods[m](rows, seed=1000 * rep + gi)
                 acc[m] += time.perf_counter() - t0
@@ -193,8 +191,19 @@ def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
                     stats[m].append(st)
         for m in names:
             times[m].append(acc[m])
-        print(f"  batch {batch_size} repeat {rep}: " + ", ".join(
-            f"{m} {tokens[m] / acc[m]:.1f} tok/s" for m in names), flush=True)
+        print(f"  {label} repeat {rep}: " + ", ".join(f"{m} {tokens[m] / acc[m]:.1f} tok/s" for m in names),
+              flush=True)
+    return times, tokens, stats
+
+
+def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
+    k, n_new = args.lookahead, args.new_tokens
+    methods = make_methods(target, draft, k, n_new, pad, args.device, batch_size,
+                           early_exit=args.early_exit)
+    groups = [all_prompts[i : i + batch_size] for i in range(0, len(all_prompts), batch_size)]
+    refused = warm_up(methods, groups[0])  # warm-up at this batch size (allocations, first calls)
+    names = list(methods)
+    times, tokens, stats = interleaved(methods, groups, args.repeats, f"batch {batch_size}")
     out: dict = {"batch": batch_size, "lookahead": k, "methods": {}, "refused": refused,
                  # every method decodes the same number of new tokens (EOS stops no row)
                  "new_tokens_by_method": dict(tokens),

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "text"))
 
-from bench_generate import batch, prompts  # noqa: E402
+from bench_generate import batch, interleaved, prompts  # noqa: E402
 from report import describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 from speculate.domains.text.pair import load_pair, load_self_drafts  # noqa: E402
@@ -81,24 +80,8 @@ def setting(gens: dict, target, all_rows, B: int, n_new: int, repeats: int, pad:
     names = list(gens)
     for m in names:  # untimed warm-up at this batch size
         run_one(gens[m], target, groups[0], 8, pad, seed=0)
-    times = {m: [] for m in names}
-    tokens = dict.fromkeys(names, 0)
-    stats: dict[str, list] = {m: [] for m in names}
-    for rep in range(repeats):
-        acc = dict.fromkeys(names, 0.0)
-        for gi, rows in enumerate(groups):
-            for m in names[gi % len(names):] + names[: gi % len(names)]:
-                t0 = time.perf_counter()
-                n, st = run_one(gens[m], target, rows, n_new, pad, seed=1000 * rep + gi)
-                acc[m] += time.perf_counter() - t0
-                if rep == 0:
-                    tokens[m] += n
-                if st is not None:
-                    stats[m].append(st)
-        for m in names:
-            times[m].append(acc[m])
-        print(f"  batch {B} repeat {rep}: " + ", ".join(f"{m} {tokens[m] / acc[m]:.0f}" for m in names),
-              flush=True)
+    methods = {m: (lambda rows, seed, g=gens[m]: run_one(g, target, rows, n_new, pad, seed)) for m in names}
+    times, tokens, stats = interleaved(methods, groups, repeats, f"batch {B}")
     plain_step = statistics.median(times["plain"]) / (tokens["plain"] / B)
     out = {"batch": B, "plain_step_s": plain_step, "same_new_tokens": len(set(tokens.values())) == 1,
            "methods": {}}

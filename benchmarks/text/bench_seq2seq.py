@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 sys.path.insert(0, str(ROOT / "benchmarks" / "text"))  # bench_generate.py, train_seq2seq.py
 
-from bench_generate import _pooled, setting_section  # noqa: E402
+from bench_generate import _pooled, interleaved, setting_section  # noqa: E402
 from report import describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 from speculate.domains.text.tokenizer import PAD_ID  # noqa: E402
@@ -110,24 +110,7 @@ def run_setting(target, draft, rows: list[bytes], batch_size: int, args) -> dict
     for m in methods.values():  # warm-up at this batch size, untimed
         m(groups[0], seed=0)
     names = list(methods)
-    times: dict[str, list[float]] = {m: [] for m in names}
-    tokens = dict.fromkeys(names, 0)
-    stats: dict[str, list] = {m: [] for m in names}
-    for rep in range(args.repeats):
-        acc = dict.fromkeys(names, 0.0)
-        for gi, group in enumerate(groups):
-            for m in names[gi % len(names):] + names[: gi % len(names)]:
-                t0 = time.perf_counter()
-                n, st = methods[m](group, seed=1000 * rep + gi)
-                acc[m] += time.perf_counter() - t0
-                if rep == 0:
-                    tokens[m] += n
-                if st is not None:
-                    stats[m].append(st)
-        for m in names:
-            times[m].append(acc[m])
-        print(f"  batch {batch_size} repeat {rep}: " + ", ".join(
-            f"{m} {tokens[m] / acc[m]:.1f} tok/s" for m in names), flush=True)
+    times, tokens, stats = interleaved(methods, groups, args.repeats, f"batch {batch_size}")
     plain_step = statistics.median(times["plain"]) / (tokens["plain"] / batch_size)
     s_tok = stats["ours-token"]
     draft_step = sum(x.draft_time for x in s_tok) / sum(x.draft_calls for x in s_tok)
