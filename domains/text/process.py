@@ -87,7 +87,13 @@ class DraftedTree(NamedTuple):
 
 
 class Draft(Protocol):
-    """What :class:`TextProcess` needs from a draft (see ``speculate.domains.text.drafts``)."""
+    """What :class:`TextProcess` needs from a draft (see ``speculate.domains.text.drafts``).
+
+    A draft may propose a :class:`DraftedTree` instead of a chain; its ``advance`` then also gets
+    the accepted path (``path=``, int64 ``[R, D]``). A draft with ``reads_features = True`` (heads
+    on the target, ``head_drafts.py``) has ``observe(features, count)`` called with the target's
+    features of the positions each prefill and round commit, in order.
+    """
 
     def reset(self, tokens: TokenBuffer, capacity: int, spare: int) -> None: ...
 
@@ -98,7 +104,7 @@ class Draft(Protocol):
     def propose(
         self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray,
         cfg: SamplingConfig | Transforms, rng: np.random.Generator, vocab: int,
-    ) -> Drafted: ...
+    ) -> Drafted | DraftedTree: ...
 
     def advance(self, state: Any, n_used: np.ndarray, n_accepted: np.ndarray) -> None: ...
 
