@@ -58,6 +58,7 @@ from .kv_cache import (
     length_limits,
     model_vocab_size,
 )
+from .lean_seq2seq import LeanSeq2Seq, lean_seq2seq
 from .process import TextProcess, TokenBuffer
 from .processors import Transforms
 from .progress import progress_bar
@@ -215,8 +216,8 @@ class SpeculativeGenerator:
         if isinstance(draft, torch.nn.Module) and not on_target:
             check_vocabularies(target, draft, tokenizer, draft_tokenizer)
         self.target = target
-        self._target_lm: CachedModel | CachedSeq2Seq = (
-            CachedSeq2Seq(target) if self.seq2seq else CachedModel(target))
+        self._target_lm: CachedModel | CachedSeq2Seq | LeanSeq2Seq = (
+            lean_seq2seq(target) if self.seq2seq else CachedModel(target))
         if on_target or tree is not None:
             self.draft = self._on_target_draft(draft, tree)
             if isinstance(self.draft, MedusaDraft):  # a chain is at most one token per head
@@ -259,6 +260,15 @@ class SpeculativeGenerator:
             out.append((self.draft.model, "draft"))
         return out
 
+    def _structure(self, model: Any) -> tuple[bool, list[tuple[int, str]]]:
+        """Whether ``model`` reads an encoder, and its length limits: read from its modules and
+        config once per generator (walking the modules costs about a millisecond per request)."""
+        seen = self.__dict__.setdefault("_structures", {})
+        if id(model) not in seen:
+            reads = reads_encoder(model)
+            seen[id(model)] = (reads, decoder_length_limit(model) if reads else length_limits(model))
+        return seen[id(model)]
+
     def _check_lengths(self, prompts: list[np.ndarray], n_new: int) -> None:
         """Refuse, before any work, sequences longer than a model can decode (learned positions,
         sliding window)."""
@@ -267,8 +277,7 @@ class SpeculativeGenerator:
         L = int(lens[r])
         total = L + n_new
         for model, role in self._models():
-            limits = decoder_length_limit(model) if reads_encoder(model) else length_limits(model)
-            for limit, why in limits:
+            for limit, why in self._structure(model)[1]:
                 if total > limit:
                     fix = (f"Lower max_new_tokens to {limit - L} or shorten the prompt" if limit > L
                            else f"Shorten the prompt to at most {limit - 1} tokens")
@@ -283,7 +292,7 @@ class SpeculativeGenerator:
         ``source``: encoder positions per row (encoder-decoders: their cross-attention caches)."""
         need: dict[torch.device, list[tuple[str, int]]] = {}
         for model, role in self._models():
-            if reads_encoder(model):
+            if self._structure(model)[0]:
                 b = seq2seq_cache_bytes(model, n_rows, capacity + spare, source)
                 per = {} if b is None else {next(model.parameters()).device: b}
             else:

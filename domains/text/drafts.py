@@ -41,7 +41,6 @@ import torch
 from speculate.distributions import Categorical
 
 from .encoder_decoder import (
-    CachedSeq2Seq,
     EncoderState,
     check_seq2seq,
     decoder_layers_path,
@@ -53,6 +52,7 @@ from .encoder_decoder import (
 from .inputs import EncoderInputs
 from .kv_cache import advance_length, check_model, model_vocab_size, text_config
 from .lean_llama import lean_model
+from .lean_seq2seq import lean_seq2seq
 from .process import Drafted, TokenBuffer
 from .processors import Transforms, as_transforms
 from .sampling import SamplingConfig
@@ -342,7 +342,8 @@ class EarlyExitDraft(ModelDraft):
 
 
 class Seq2SeqDraft(ModelDraft):
-    """A draft decoder with cross-attention, in a cache of its own (``CachedSeq2Seq``).
+    """A draft decoder with cross-attention, in a cache of its own (``CachedSeq2Seq``, or the lean
+    loop of ``lean_seq2seq.py`` for Whisper and BART).
 
     ``shares_encoder`` False: an encoder-decoder with its own encoder, run once per row on the
     request's encoder inputs. True: a decoder that reads the target's encoder output (a
@@ -353,7 +354,7 @@ class Seq2SeqDraft(ModelDraft):
     def __init__(self, model: Any, shares_encoder: bool) -> None:
         check_seq2seq(model, "draft")
         self.model = model
-        self.lm = CachedSeq2Seq(model)
+        self.lm = lean_seq2seq(model)  # a lean loop for Whisper and BART decoders (draft steps are mostly overhead)
         self.vocab = model_vocab_size(model)
         self.unknown = _unknown_id(model, self.vocab)
         self.shares_encoder = shares_encoder

@@ -375,10 +375,13 @@ def _full(model: Any, state: EncoderState, r: int, seq: torch.Tensor) -> torch.T
     return out.logits[0].float().cpu()
 
 
-def _probe(model: Any) -> str | None:
+@torch.inference_mode()
+def _probe(model: Any, make: Any = None) -> str | None:
+    """None when ``make(model)`` (default :class:`CachedSeq2Seq`) gives the full forward's logits on
+    ragged rows of different encoder inputs, a rollback and a dropped row; else the reason."""
     name = type(model).__name__
     try:
-        lm = CachedSeq2Seq(model)
+        lm = (make or CachedSeq2Seq)(model)
     except ValueError as e:
         return str(e)
     if lm.max_pos is not None and lm.max_pos < 12:

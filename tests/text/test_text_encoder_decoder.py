@@ -300,16 +300,37 @@ def test_ngram_draft(name):
         _law(name, "block", FAST_TV, draft="ngram", alpha=ALPHA)
 
 
-def test_cross_attention_keys_and_values_are_computed_once_per_row():
-    target, draft = _pair("BART")
+@pytest.mark.parametrize("name", ["T5", "BART"])
+def test_cross_attention_keys_and_values_are_computed_once_per_row(name, monkeypatch):
+    """T5 runs in the general cache (its modules are called: a hook counts), BART in the lean loop
+    (which reads the weights: its F.linear calls with the cross-attention key weight are counted)."""
+    import types
+
+    import speculate.domains.text.lean_seq2seq as lean
+
+    target, draft = _pair(name)
+    gen = SpeculativeGenerator(target, draft, lookahead=3)  # its one-time model checks run first
+    assert type(gen._target_lm).__name__ == ("CachedSeq2Seq" if name == "T5" else "LeanSeq2Seq")
     calls = []
-    layer = target.model.decoder.layers[0].encoder_attn.k_proj
-    h = layer.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
+    if name == "T5":
+        layer = target.decoder.block[0].layer[1].EncDecAttention.k
+        h = layer.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
+    else:
+        w = target.model.decoder.layers[0].encoder_attn.k_proj.weight
+        F = lean.F
+
+        def linear(x, weight, *a):
+            if weight is w:
+                calls.append(x.shape[0])
+            return F.linear(x, weight, *a)
+
+        monkeypatch.setattr(lean, "F", types.SimpleNamespace(**{**vars(F), "linear": linear}))
     try:
-        out = SpeculativeGenerator(target, draft, lookahead=3).generate(
-            input_ids=list(GREEDY_SOURCES), max_new_tokens=16, temperature=1.0, eos_token_id=2, rng=1)
+        out = gen.generate(input_ids=list(GREEDY_SOURCES), max_new_tokens=16, temperature=1.0,
+                           eos_token_id=2 if name == "BART" else 1, rng=1)
     finally:
-        h.remove()
+        if name == "T5":
+            h.remove()
     assert out.stats.rounds > 2
     assert calls == [len(GREEDY_SOURCES)], "cross-attention keys: once, for all rows, in the prefill"
 
