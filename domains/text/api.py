@@ -260,14 +260,17 @@ class SpeculativeGenerator:
             out.append((self.draft.model, "draft"))
         return out
 
-    def _structure(self, model: Any) -> tuple[bool, list[tuple[int, str]]]:
-        """Whether ``model`` reads an encoder, and its length limits: read from its modules and
-        config once per generator (walking the modules costs about a millisecond per request)."""
+    def _structure(self, model: Any) -> tuple[bool, list[tuple[int, str]], int | None]:
+        """Whether ``model`` reads an encoder, its length limits, and (if it reads one) the bytes of
+        its caches per row and slot: read from its modules and config once per generator and dtype
+        (walking the modules costs about a millisecond per request)."""
         seen = self.__dict__.setdefault("_structures", {})
-        if id(model) not in seen:
+        key = (id(model), next(model.parameters()).dtype)
+        if key not in seen:
             reads = reads_encoder(model)
-            seen[id(model)] = (reads, decoder_length_limit(model) if reads else length_limits(model))
-        return seen[id(model)]
+            seen[key] = (reads, decoder_length_limit(model) if reads else length_limits(model),
+                         seq2seq_cache_bytes(model, 1, 1, 0) if reads else None)
+        return seen[key]
 
     def _check_lengths(self, prompts: list[np.ndarray], n_new: int) -> None:
         """Refuse, before any work, sequences longer than a model can decode (learned positions,
@@ -292,8 +295,9 @@ class SpeculativeGenerator:
         ``source``: encoder positions per row (encoder-decoders: their cross-attention caches)."""
         need: dict[torch.device, list[tuple[str, int]]] = {}
         for model, role in self._models():
-            if self._structure(model)[0]:
-                b = seq2seq_cache_bytes(model, n_rows, capacity + spare, source)
+            reads, _, unit = self._structure(model)
+            if reads:  # seq2seq_cache_bytes: linear in rows and in slots (self-attention + source)
+                b = None if unit is None else unit * n_rows * (capacity + spare + source)
                 per = {} if b is None else {next(model.parameters()).device: b}
             else:
                 per = cache_bytes_by_device(model, n_rows, capacity + spare)

@@ -272,10 +272,23 @@ def _ln(m: Any) -> tuple[Any, ...]:
 
 
 def _qkv(a: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """One weight and bias for q, k and v (Whisper's k_proj has no bias)."""
-    kb = a.k_proj.bias if a.k_proj.bias is not None else torch.zeros_like(a.q_proj.bias)
-    return (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-            torch.cat([a.q_proj.bias, kb, a.v_proj.bias]))
+    """One weight and bias for q, k and v (Whisper's k_proj has no bias), concatenated again only
+    when one of them has changed (a new tensor, or an in-place update: its version counter)."""
+    parts = [t for t in (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.q_proj.bias, a.k_proj.bias,
+                         a.v_proj.bias) if t is not None]
+    try:
+        key: Any = tuple((t.data_ptr(), t._version, t.dtype) for t in parts)
+    except RuntimeError:  # inference tensors keep no version counter: concatenate every time
+        key = None
+    memo = a.__dict__.get("_speculate_qkv")
+    if memo is None or key is None or memo[0] != key:
+        kb = a.k_proj.bias if a.k_proj.bias is not None else torch.zeros_like(a.q_proj.bias)
+        with torch.no_grad():
+            fused = (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                     torch.cat([a.q_proj.bias, kb, a.v_proj.bias]))
+        memo = (key, fused)
+        a.__dict__["_speculate_qkv"] = memo
+    return memo[1]
 
 
 def _weights(model: Any, dec: Any) -> tuple[Any, ...]:

@@ -151,6 +151,8 @@ def test_reads_the_live_weights_and_dtype(kind):
     with torch.inference_mode():
         before = run()
         model.model.decoder.layers[0].fc2.weight.mul_(2.0)
+        k = model.model.decoder.layers[0].self_attn.k_proj.weight  # in the fused q/k/v projection
+        k.add_(torch.randn(k.shape, generator=torch.Generator().manual_seed(0), dtype=k.dtype))
         after = run()
         assert not torch.allclose(before, after)
         torch.testing.assert_close(after, _full(model, state, seqs), rtol=1e-9, atol=1e-9)
