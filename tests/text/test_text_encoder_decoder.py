@@ -406,6 +406,8 @@ def test_bad_requests_raise_before_any_work():
         (lambda: gen.generate(input_ids=[[4, 99]]), "outside"),
         (lambda: SpeculativeGenerator(_pair("BART")[0], "ngram").generate(
             input_ids=[[4, 5]], max_new_tokens=100), "learned decoder positions"),
+        (lambda: gen.generate(input_ids=[[4, 5]] * 64, max_new_tokens=1 << 31),  # terabytes of caches
+         r"not enough memory on cpu.*target KV cache"),
     ]
     for fn, match in cases:
         _no_forward([t5, t5_draft, whisper], fn, match)
