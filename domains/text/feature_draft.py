@@ -70,6 +70,10 @@ def rope_theta(config: Any) -> float:
 def frozen_call(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` with its parameters detached: gradients reach ``x``, never the target."""
     if not torch.is_grad_enabled():  # drafting: a plain call (functional_call costs more than the layer)
+        if type(module) is torch.nn.Linear:  # without the module-call overhead
+            return F.linear(x, module.weight, module.bias)
+        if type(module) is torch.nn.Embedding and module.max_norm is None:
+            return F.embedding(x, module.weight)
         return module(x)
     params = {n: p.detach() for n, p in module.named_parameters()}
     return torch.func.functional_call(module, params, (x,))
@@ -115,6 +119,16 @@ class FeatureCache:
         self.values[r, :, b] = self.values[r, :, a]
 
 
+def _lin(x: torch.Tensor, m: torch.nn.Linear) -> torch.Tensor:
+    """``m(x)`` without the module-call overhead (a draft step is mostly overhead on a CPU)."""
+    return F.linear(x, m.weight, m.bias)
+
+
+def _rms(x: torch.Tensor, m: torch.nn.RMSNorm) -> torch.Tensor:
+    """``m(x)`` without the module-call overhead."""
+    return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     a, b = x.chunk(2, dim=-1)
     return torch.cat([-b, a], dim=-1)
@@ -158,7 +172,22 @@ class FeatureDraft(torch.nn.Module):
         return cache
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[R, 1, W, head_dim]`` of rotate-half RoPE at ``positions`` ``[R, W]``."""
+        """cos, sin ``[R, 1, W, head_dim]`` of rotate-half RoPE at ``positions`` ``[R, W]``. Without
+        autograd (drafting) they are read from a table by position, computed once per device and
+        dtype with the same formula (the same numbers)."""
+        if torch.is_grad_enabled():
+            return self._rope(positions, dtype)
+        n = int(positions.max()) + 1
+        key = (positions.device, dtype)
+        tab = self.__dict__.get("_rope_table")
+        if tab is None or tab[0] != key or tab[1].shape[0] < n:
+            m = max(n, 2 * (tab[1].shape[0] if tab is not None and tab[0] == key else 0), 256)
+            cos, sin = self._rope(torch.arange(m, device=positions.device)[None], dtype)  # [1, 1, m, d]
+            tab = (key, cos[0, 0], sin[0, 0])
+            self.__dict__["_rope_table"] = tab
+        return tab[1][positions][:, None], tab[2][positions][:, None]
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         ft = torch.float64 if dtype == torch.float64 else torch.float32
         d = self.head_dim
         inv = self.config["rope_theta"] ** (-torch.arange(0, d, 2, device=positions.device, dtype=ft) / d)
@@ -169,23 +198,33 @@ class FeatureDraft(torch.nn.Module):
     def attention(self, x: torch.Tensor, positions: torch.Tensor, cache: FeatureCache | None,
                   slots: torch.Tensor | None, visible: torch.Tensor | None) -> torch.Tensor:
         R, W, H = x.shape
-        q, k, v = self.qkv(x).view(R, W, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [R, nh, W, d]
+        q, k, v = _lin(x, self.qkv).view(R, W, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [R, nh, W, d]
         cos, sin = self.rope(positions, x.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [R, nh, W, d]
         else:
-            if slots is None or visible is None:
-                raise ValueError("with a cache, pass slots [R, W] and visible [R, W, C']")
-            slots, visible = slots.to(x.device), visible.to(device=x.device, dtype=torch.bool)
-            cache.ensure_capacity(max(int(slots.max()) + 1, visible.shape[-1]))
-            rows = torch.arange(R, device=x.device)[:, None].expand(R, W)  # [R, W]
-            cache.keys[rows, :, slots] = k.transpose(1, 2).to(cache.dtype)  # [R, W, nh, d]
-            cache.values[rows, :, slots] = v.transpose(1, 2).to(cache.dtype)
-            C = visible.shape[-1]
+            if slots is None:
+                raise ValueError("with a cache, pass slots [R, W] (and visible [R, W, C'], or None: causal)")
+            slots = slots.to(x.device)
+            top = int(slots.max()) + 1
+            cache.ensure_capacity(max(top, 0 if visible is None else visible.shape[-1]))
+            s0 = int(slots[0, 0])
+            if visible is None and W == 1 and bool((slots == s0).all()):  # one column per row, one slot
+                cache.keys[:, :, s0 : s0 + 1] = k.to(cache.dtype)
+                cache.values[:, :, s0 : s0 + 1] = v.to(cache.dtype)
+                mask = None  # every slot up to its own
+            else:
+                rows = torch.arange(R, device=x.device)[:, None].expand(R, W)  # [R, W]
+                cache.keys[rows, :, slots] = k.transpose(1, 2).to(cache.dtype)  # [R, W, nh, d]
+                cache.values[rows, :, slots] = v.transpose(1, 2).to(cache.dtype)
+                if visible is None:  # causal: each column sees the slots up to its own
+                    visible = torch.arange(top, device=x.device)[None, None, :] <= slots[:, :, None]
+                mask = visible.to(device=x.device, dtype=torch.bool)[:, None]  # [R, 1, W, C]
+            C = top if mask is None else mask.shape[-1]
             y = F.scaled_dot_product_attention(q, cache.keys[:, :, :C], cache.values[:, :, :C],
-                                               attn_mask=visible[:, None])  # [R, nh, W, d]
-        return self.proj(y.transpose(1, 2).reshape(R, W, H))
+                                               attn_mask=mask)  # [R, nh, W, d]
+        return _lin(y.transpose(1, 2).reshape(R, W, H), self.proj)
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                 cache: FeatureCache | None = None, slots: torch.Tensor | None = None,
@@ -194,15 +233,16 @@ class FeatureDraft(torch.nn.Module):
 
         Without ``cache``: causal attention over the ``W`` columns. With one: column ``j`` of row
         ``r`` writes its key/value at slot ``slots[r, j]`` first, then attends to the slots
-        ``s < visible.shape[-1]`` where ``visible[r, j, s]``.
+        ``s < visible.shape[-1]`` where ``visible[r, j, s]`` (``visible=None``: every slot up to
+        ``slots[r, j]``, the causal case of chains).
         """
         embed, lm_head = self._shared
         w = self.fc.weight
         e = frozen_call(embed, tokens.to(w.device)).to(w.dtype)  # [R, W, H]
-        x = self.fc(torch.cat([features.to(w.dtype), e], dim=-1))  # [R, W, H]
-        x = x + self.attention(self.attn_norm(x), positions.to(w.device), cache, slots, visible)
-        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)  # [R, W, I] each
-        x = x + self.down(F.silu(gate) * up)  # [R, W, H]
+        x = _lin(torch.cat([features.to(w.dtype), e], dim=-1), self.fc)  # [R, W, H]
+        x = x + self.attention(_rms(x, self.attn_norm), positions.to(w.device), cache, slots, visible)
+        gate, up = _lin(_rms(x, self.mlp_norm), self.gate_up).chunk(2, dim=-1)  # [R, W, I] each
+        x = x + _lin(F.silu(gate) * up, self.down)  # [R, W, H]
         return x, frozen_call(lm_head, x.to(lm_head.weight.dtype))
 
     @classmethod

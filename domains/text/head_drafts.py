@@ -243,6 +243,59 @@ class EagleDraft(_FeatureReader):
     def _ready(self) -> np.ndarray:
         return self.flen > 0
 
+    def _root(self, rows: np.ndarray, tokens: TokenBuffer) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed each row's pending columns (true features; committed from now on) and return the
+        last one's output: the predicted feature at the root ``[R, H]`` and its logits ``[R, V]``
+        (the law at depth 1)."""
+        R = len(rows)
+        dev = self.fd.fc.weight.device
+        n = self.flen
+        rt = torch.arange(R, device=dev)
+        P = n - self.clen  # [R]
+        W = max(int(P.max()), 1)
+        pos = self.clen[:, None] + np.arange(W)[None, :]  # [R, W] positions = slots
+        known = np.minimum(pos, np.maximum(n - 1, 0)[:, None])
+        feats = self.fbuf[rt[:, None], torch.as_tensor(known, device=dev)]  # [R, W, H]
+        nxt = tokens.ids[rows[:, None], np.minimum(pos + 1, tokens.ids.shape[1] - 1)]  # [R, W]
+        pos_t = torch.as_tensor(pos, device=dev)
+        h, lg = self.fd(feats, torch.as_tensor(nxt, device=dev), pos_t, self.cache, pos_t)  # causal over the slots
+        last = torch.as_tensor(np.maximum(P - 1, 0), device=dev)
+        self.clen = n.copy()
+        return h[rt, last], lg[rt, last]
+
+    def _chain(self, rows: np.ndarray, tokens: TokenBuffer, k: int, cap: np.ndarray, tr: Transforms,
+               rng: np.random.Generator, vocab: int) -> Drafted:
+        """A chain (no prefix processors): the root column, then one column per draft, node ``d`` at
+        slot and position ``n - 1 + d`` seeing every slot up to its own (the committed columns and
+        the chain above it). The same columns as a one-branch tree, without its masks by ancestry."""
+        R = len(rows)
+        lengths = np.where(self._ready(), np.maximum(cap, 0), 0).astype(np.int64)
+        steps = int(lengths.max(initial=0))
+        out = np.zeros((R, k), np.int64)
+        q = None if tr.greedy else np.zeros((R, k, vocab), np.float32)
+        if steps == 0:
+            return Drafted(out, q, lengths, None)
+        h, lg = self._root(rows, tokens)  # [R, H], [R, V]
+        dev = h.device
+        slot = torch.as_tensor(self.flen - 1, device=dev)[:, None]  # [R, 1]: the root's
+        for d in range(steps):
+            x = lg.float()
+            if tr.greedy:
+                out[:, d] = x.argmax(-1).cpu().numpy()
+            else:
+                pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, V]
+                if not np.isfinite(pr.sum(-1)).all():
+                    raise ValueError("the draft's logits are not finite (NaN or +inf): its weights or "
+                                     "activations overflowed or hold NaN")
+                q[:, d] = pr
+                out[:, d] = Categorical(probs=pr, validate=False).sample(rng)
+            if d + 1 < steps:  # node d + 1: (the feature predicted at node d, draft d)
+                slot = slot + 1
+                hh, ll = self.fd(h[:, None], torch.as_tensor(out[:, d : d + 1], device=dev), slot, self.cache,
+                                 slot)  # it sees every slot up to its own
+                h, lg = hh[:, 0], ll[:, 0]
+        return Drafted(out, q, lengths, None)
+
     def _logits_at(self, rows: np.ndarray, tokens: TokenBuffer):
         R = len(rows)
         dev = self.fd.fc.weight.device
@@ -254,23 +307,10 @@ class EagleDraft(_FeatureReader):
         def at(nodes: np.ndarray, d: int, parent: np.ndarray, toks: np.ndarray) -> torch.Tensor:
             N1 = parent.shape[1]
             if d == 0:  # the pending columns (true features); the last one (the root's) predicts depth 1
-                P = n - self.clen  # [R]
-                W = max(int(P.max()), 1)
-                j = np.arange(W)[None, :]
-                pos = self.clen[:, None] + j  # [R, W] positions = slots
-                known = np.minimum(pos, np.maximum(n - 1, 0)[:, None])
-                feats = self.fbuf[rt[:, None], torch.as_tensor(known, device=dev)]  # [R, W, H]
-                nxt = tokens.ids[rows[:, None], np.minimum(pos + 1, tokens.ids.shape[1] - 1)]  # [R, W]
-                s = np.arange(int(pos.max()) + 1)[None, None, :]
-                visible = s <= pos[:, :, None]  # [R, W, C]: causal over the committed columns
-                pos_t = torch.as_tensor(pos, device=dev)
-                h, lg = self.fd(feats, torch.as_tensor(nxt, device=dev), pos_t, self.cache, pos_t,
-                                torch.as_tensor(visible, device=dev))
-                last = torch.as_tensor(np.maximum(P - 1, 0), device=dev)
+                h, lg = self._root(rows, tokens)
                 hid.append(h.new_zeros(R, N1, h.shape[-1]))
-                hid[0][:, 0] = h[rt, last]
-                self.clen = n.copy()
-                return lg[rt, last][:, None]  # [R, 1, V]
+                hid[0][:, 0] = h
+                return lg[:, None]  # [R, 1, V]
             M = nodes.shape[1]
             on = nodes >= 0
             v = np.maximum(nodes, 0)  # [R, M]

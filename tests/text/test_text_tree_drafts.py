@@ -100,6 +100,7 @@ LAWS = [
     ("heads", [2, 2], 0.9, 4, 0.9, [], 3, 2),
     ("feature", "dynamic", 1.2, 3, None, [0], 3, 3),
     ("heads", None, 1.0, 3, None, [0], 3, 3),  # the chain path: every head's law at once, block rule
+    ("feature", None, 1.0, 3, None, [0], 3, 3),  # the feature draft's chain path (causal columns), block rule
 ]
 SLOW_LAWS = [
     ("feature", Tree(Tree.from_branching([3, 1]).parent, replacement=True), 1.0, 3, None, [], 3, 3),
