@@ -145,11 +145,14 @@ def goals(res: dict) -> list[str]:
             out.append(f"{who}: the tree {shape} (depth 4) adds >= 15% tokens per call over the chain of 4: "
                        f"{tree:.2f} vs {chain:.2f} (+{100 * (tree / chain - 1):.0f}%): "
                        f"{'met' if tree >= 1.15 * chain else 'missed'}")
-    best = max(b1, key=lambda m: b1[m]["speedup_vs_plain"])
+    mine = [m for m in b1 if m.startswith(("medusa", "eagle"))]  # the drafts on the target
+    best = max(mine, key=lambda m: b1[m]["speedup_vs_plain"])
     ref = b1["distilled-block-auto"]["speedup_vs_plain"]
-    out.append(f"best configuration beats block + auto lookahead with the distilled draft, side by side: "
-               f"{best} {b1[best]['speedup_vs_plain']:.2f}x vs {ref:.2f}x (today's best measured "
-               f"earlier: {BEST_BEFORE}x): {'met' if b1[best]['speedup_vs_plain'] > ref else 'missed'}")
+    top = max(b1, key=lambda m: b1[m]["speedup_vs_plain"])
+    out.append(f"the best draft on the target beats block + auto lookahead with the distilled draft, side by "
+               f"side: {best} {b1[best]['speedup_vs_plain']:.2f}x vs {ref:.2f}x (best of the run: {top} "
+               f"{b1[top]['speedup_vs_plain']:.2f}x; block + auto measured earlier: {BEST_BEFORE}x): "
+               f"{'met' if b1[best]['speedup_vs_plain'] > ref else 'missed'}")
     return out
 
 

@@ -58,3 +58,51 @@ def test_a_batch_too_large_for_the_gpu_fails_before_allocating(make_llama):
     with pytest.raises(CacheMemoryError, match=r"on cuda:0 .*mem_get_info"):
         gen.generate([[1, 2, 3]] * 64, max_new_tokens=10**9)
     assert torch.cuda.memory_allocated() == before
+
+
+def test_target_spread_over_two_devices_with_device_map(make_llama, tmp_path):
+    """A target loaded with ``device_map`` (half its layers on the GPU, half on the CPU, through
+    accelerate's hooks) and a draft on the CPU: each layer's cache sits with its layer, and greedy
+    output equals the target's own on one device."""
+    pytest.importorskip("accelerate")
+    target = make_llama(dtype=torch.float32, init_std=0.3, layers=4)
+    target.save_pretrained(tmp_path)
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": "cpu", "lm_head": "cpu",
+                  **{f"model.layers.{i}": 0 if i < 2 else "cpu" for i in range(4)}}
+    spread = type(target).from_pretrained(tmp_path, device_map=device_map, dtype=torch.float32).eval()
+    assert {p.device.type for p in spread.parameters()} == {"cuda", "cpu"}
+    gen = SpeculativeGenerator(spread, make_llama(layers=1, rng=1), lookahead=3)
+    out = gen.generate([[1, 5, 7], [2, 3]], max_new_tokens=20, temperature=0, eos_token_id=[])
+    assert out.new_tokens == [_hf_greedy(target, [1, 5, 7], 20), _hf_greedy(target, [2, 3], 20)]
+
+
+@pytest.mark.parametrize("name,target_dev,draft_dev", [("Whisper", "cuda", "cpu"), ("BART", "cuda", "cuda"),
+                                                        ("Whisper", "cpu", "cuda")])
+def test_encoder_decoders_on_cuda_and_across_devices(name, target_dev, draft_dev):
+    """The lean decoder loop on the GPU, and a draft that reads the target's encoder output on
+    another device: greedy equals the target's own greedy decoding, for rows of different inputs."""
+    from speculate.domains.text.families import family, perturbed, tiny_seq2seq
+    from speculate.domains.text.lean_seq2seq import LeanSeq2Seq
+
+    target = tiny_seq2seq(family(name)).float()
+    draft = perturbed(target).float().to(draft_dev)
+    target = target.to(target_dev)
+    g = torch.Generator().manual_seed(0)
+    if name == "Whisper":
+        cfg = target.config
+        inputs = {"input_features": torch.randn(3, cfg.num_mel_bins, 2 * cfg.max_source_positions, generator=g)}
+    else:
+        inputs = {"input_ids": [[4, 5, 6, 7, 8], [9, 3, 3], [10, 11, 12, 13]]}
+    gen = SpeculativeGenerator(target, draft, lookahead=3)
+    assert isinstance(gen._target_lm, LeanSeq2Seq)
+    out = gen.generate(**inputs, max_new_tokens=8, temperature=0, eos_token_id=[])
+    start = int(target.config.decoder_start_token_id)
+    for r, seq in enumerate(out.sequences):
+        one = ({"input_features": inputs["input_features"][r : r + 1].to(target_dev)} if name == "Whisper"
+               else {"input_ids": torch.tensor([inputs["input_ids"][r]], device=target_dev)})
+        want = [start]
+        with torch.no_grad():
+            for _ in range(8):
+                logits = target(**one, decoder_input_ids=torch.tensor([want], device=target_dev)).logits
+                want.append(int(logits[0, -1].argmax()))
+        assert seq == want
