@@ -56,6 +56,7 @@ from speculate.verify import (
     verify_token,
     verify_token_reference,
 )
+from speculate.verify.device import verify_block_device, verify_greedy_device, verify_token_device
 
 V = 600  # blocks [0, 256), [256, 512), [512, 600): two full blocks and a partial one
 EDGES = (0, BLOCK - 1, BLOCK, 2 * BLOCK - 1, 2 * BLOCK, V - 1)  # 0, 255, 256, 511, 512, 599
@@ -342,6 +343,8 @@ def test_sparse_block_quantities_are_the_rules():
         (verify_token_reference, "token"),
         (verify_block, "block"),
         (verify_block_reference, "block"),
+        (verify_token_device, "token"),  # the tensor rules for accelerators, run on the CPU
+        (verify_block_device, "block"),
     ],
 )
 def test_token_and_block_kernels_exact_per_draft_across_blocks(kernel, rule):
@@ -356,15 +359,18 @@ def test_token_and_block_kernels_exact_per_draft_across_blocks(kernel, rule):
     _assert_laws(enumerated_laws(kernel, rule, cases), rule)
 
 
+@pytest.mark.parametrize("device", [False, True], ids=["numba", "tensor"])
 @pytest.mark.parametrize("rule", ["token", "block"])
-def test_float32_rows_exact_across_blocks(rule):
+def test_float32_rows_exact_across_blocks(rule, device):
     """The same laws with float32 probabilities (dyadic: exact in float32), 4 models."""
-    kernel = verify_token if rule == "token" else verify_block
+    kernel = {(False, "token"): verify_token, (False, "block"): verify_block,
+              (True, "token"): verify_token_device, (True, "block"): verify_block_device}[device, rule]
     _assert_laws(enumerated_laws(kernel, rule, _token_cases(seed=2, K=2, n_models=4), np.float32), rule)
 
 
+@pytest.mark.parametrize("device", [False, True], ids=["numba", "tensor"])
 @pytest.mark.parametrize("rule", ["token", "block"])
-def test_residual_after_deep_acceptance_and_every_tau(rule):
+def test_residual_after_deep_acceptance_and_every_tau(rule, device):
     """K = 4 drafts kept with probability 1/2 each (token): the residual at the LAST position
     (reached with probability 1/16) and the bonus are drawn exactly, with the deep residual's mass
     on the block edges; block verification's every tau 0..4 has positive mass. Also through
@@ -374,7 +380,8 @@ def test_residual_after_deep_acceptance_and_every_tau(rule):
     p_keep = row([(3, 16), (255, 16), (256, 8), (511, 8), (512, 8), (599, 8)])  # ... and p = 1/4
     p_bonus = row([(255, 8), (256, 8), (511, 16), (512, 16), (599, 16)])
     p_rows, q_rows, drafts = [p_keep] * K + [p_bonus], [half] * K, [3] * K
-    kernel = verify_token if rule == "token" else verify_block
+    kernel = {(False, "token"): verify_token, (False, "block"): verify_block,
+              (True, "token"): verify_token_device, (True, "block"): verify_block_device}[device, rule]
     cases = [(p_rows, q_rows, drafts, L) for L in range(K + 1)]
     _assert_laws(enumerated_laws(kernel, rule, cases), rule)
     want = (token_law if rule == "token" else block_law)(p_rows, q_rows, drafts, K)[0]
@@ -402,7 +409,8 @@ def _edge_chain(V_: int):
     return (lambda s: dense(tables[key(s)][0], V_)), (lambda s: dense(tables[key(s)][1], V_))
 
 
-@pytest.mark.parametrize(("kernel", "rule"), [(verify_token, "token"), (verify_block, "block")])
+@pytest.mark.parametrize(("kernel", "rule"), [(verify_token, "token"), (verify_block, "block"),
+                                             (verify_token_device, "token"), (verify_block_device, "block")])
 @pytest.mark.parametrize("V_", [V, 2 * BLOCK, V - 1])
 def test_joint_law_of_three_outcomes_over_several_rounds(kernel, rule, V_):
     """chain_joint_law chained over rounds of the ACTUAL kernel (kernel_round_law, k = 2, every
@@ -475,7 +483,7 @@ def test_multi_draft_round_law_across_blocks():
 
 
 # ------------------------------------------------------------------------ greedy
-@pytest.mark.parametrize("kernel", [verify_greedy, verify_greedy_reference])
+@pytest.mark.parametrize("kernel", [verify_greedy, verify_greedy_reference, verify_greedy_device])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_greedy_ties_across_blocks(kernel, dtype):
     """Greedy keeps a draft iff it is the FIRST argmax (numpy.argmax) and emits the first argmax:

@@ -1,0 +1,123 @@
+"""The tensor verification rules (speculate/verify/device.py) beside the Numba kernels.
+
+Their exact laws are tested with the Numba kernels' enumerator in test_core_kernel_laws.py. Here:
+on random (non-dyadic) batches they give the Numba kernels' outcomes (they differ only in the
+floating-point order of a draw's running sum, which moves a threshold by a rounding error: no
+disagreement is expected in a few thousand rows); bad rows are flagged where, and only where, the
+Numba kernels raise; half-precision inputs work; and the results stay on the inputs' device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from speculate.verify import verify_block, verify_greedy, verify_token
+from speculate.verify.device import (
+    block_device,
+    draw,
+    greedy_device,
+    token_device,
+    verify_block_device,
+    verify_greedy_device,
+    verify_token_device,
+)
+
+NUMBA = {"token": verify_token, "block": verify_block}
+TENSOR = {"token": verify_token_device, "block": verify_block_device}
+
+
+def _batch(seed: int, B: int = 3000, K: int = 4, V: int = 50, sharp: float = 3.0):
+    """Random rows whose draft is close to the target (so that every depth is reached), drafts drawn
+    from q, random lengths and uniforms; some rows sparse (zeros in p and q)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(B, K + 1, V)) * sharp
+    p = np.exp(logits)
+    q = np.exp(logits[:, :K] + rng.normal(size=(B, K, V)) * 0.7)
+    p[rng.random(p.shape) < 0.2] = 0.0
+    q[rng.random(q.shape) < 0.2] = 0.0
+    q[:, :, 0] += 1e-3  # every q row has mass
+    p[:, :, 1] += 1e-3
+    p /= p.sum(-1, keepdims=True)
+    q /= q.sum(-1, keepdims=True)
+    drafts = np.stack([[rng.choice(V, p=q[b, i]) for i in range(K)] for b in range(B)])
+    lengths = rng.integers(0, K + 1, B)
+    return p, q, drafts, lengths, rng.random((B, K)), rng.random(B)
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_random_batches_agree_with_the_numba_kernels(rule, dtype):
+    p, q, drafts, lengths, ua, un = _batch(seed=1 if rule == "token" else 2)
+    p, q = p.astype(dtype), q.astype(dtype)
+    want = NUMBA[rule](p, q, drafts, lengths, ua, un)
+    got = TENSOR[rule](p, q, drafts, lengths, ua, un)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert set(want[0].tolist()) == set(range(5))  # every depth, so every path is compared
+
+
+def test_greedy_agrees_with_the_numba_kernel():
+    p, _, _, lengths, _, _ = _batch(seed=3)
+    top = p.argmax(-1)
+    rng = np.random.default_rng(4)
+    drafts = np.where(rng.random(top[:, :4].shape) < 0.7, top[:, :4], rng.integers(0, 50, top[:, :4].shape))
+    want = verify_greedy(p, drafts, lengths)
+    got = verify_greedy_device(p, drafts, lengths)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def _raises(fn, *args) -> bool:
+    try:
+        fn(*args)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("rule", ["token", "block", "greedy"])
+def test_bad_rows_are_flagged_where_the_numba_kernels_raise(rule):
+    """NaN in a row the rule reads, a drafted outcome with q = 0, a row without mass: both paths
+    refuse; NaN in a position the rule never reads (token: past the first rejection): neither."""
+    p = np.full((1, 3, 4), 0.25)
+    q = np.full((1, 2, 4), 0.25)
+    q[0, 0] = [0.7, 0.1, 0.1, 0.1]
+    cases = []
+    a = p.copy()
+    a[0, 1, 1] = np.nan  # the drafted entry at position 1, read once draft 0 is kept (0.1 * 0.7 < 0.25)
+    cases.append(((a, q, [[0, 1]], None, [[0.1, 0.1]], [0.5]), "read"))
+    b = q.copy()
+    b[0, 0] = [0.0, 0.5, 0.25, 0.25]  # draft 0 has q = 0
+    cases.append(((p, b, [[0, 1]], None, [[0.1, 0.1]], [0.5]), "read"))
+    c = p.copy()
+    c[0, 2] = np.nan  # the bonus row: token never reads it after a rejection at position 0
+    cases.append(((c, q, [[0, 1]], None, [[0.99, 0.1]], [0.5]), "token-unread"))
+    for args, what in cases:
+        if rule == "greedy":
+            gp, gd = args[0], np.array([[3, 1]])  # argmax of p rows is 0: draft 3 rejected at once
+            want = _raises(verify_greedy, gp, gd)
+            assert _raises(verify_greedy_device, gp, gd) == want
+            continue
+        want = _raises(NUMBA[rule], *args)
+        assert _raises(TENSOR[rule], *args) == want, (rule, what)
+        if what == "read":
+            assert want
+        if what == "token-unread" and rule == "token":
+            assert not want
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs(dtype):
+    p, q, drafts, lengths, ua, un = _batch(seed=5, B=200)
+    t = [torch.from_numpy(x) for x in (p, q, drafts, lengths, ua, un)]
+    for fn in (token_device, block_device):
+        n, nxt, ok = fn(t[0].to(dtype), t[1].to(dtype), t[2], t[3], t[4], t[5])
+        assert ok.all() and (n <= t[3]).all() and ((nxt >= 0) & (nxt < 50)).all()
+    n, nxt, ok = greedy_device(t[0].to(dtype), t[2], t[3])
+    assert ok.all() and nxt.dtype == torch.int64
+
+
+def test_draw_never_returns_an_outcome_without_mass():
+    w = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4, dtype=torch.float64)
+    u = torch.tensor([0.0, 0.5 - 1e-12, 0.5, 1.0 - 1e-16], dtype=torch.float64)
+    assert draw(w, u).tolist() == [1, 1, 3, 3]
