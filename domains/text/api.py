@@ -179,7 +179,10 @@ class SpeculativeGenerator:
     the tokens) depends on the seed alone and seeded runs are reproducible (see
     :func:`speculate.rounds.run`). ``tokenizer``, ``draft_tokenizer``: compared token by token
     with a draft model; with ``tokenizer``, :meth:`generate` also takes text. Models must be in
-    eval mode (``.eval()``).
+    eval mode (``.eval()``). ``verify_on_device``: draft and verify chains where the logits are
+    (``speculate.verify.device``: no copy of the probabilities to the host, one transfer of counts
+    per round); ``None`` (default) does so when the target is on a CUDA device; ``True`` forces it
+    (on the CPU too: the same law, without the Numba kernels).
 
     Encoder-decoder targets (``AutoModelForSeq2SeqLM``: T5, BART, mBART, Marian, ...; Whisper) take
     as ``draft`` another encoder-decoder with the same vocabulary, a decoder that reads the target's
@@ -190,7 +193,8 @@ class SpeculativeGenerator:
 
     def __init__(self, target: Any, draft: Any, lookahead: int | str = 4, verify: str = "block",
                  *, cost_ratio: float | None = None, tokenizer: Any = None,
-                 draft_tokenizer: Any = None, max_lookahead: int = 16, tree: Any = None) -> None:
+                 draft_tokenizer: Any = None, max_lookahead: int = 16, tree: Any = None,
+                 verify_on_device: bool | None = None) -> None:
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
         if not isinstance(verify, str) or verify not in RULES:
@@ -233,6 +237,9 @@ class SpeculativeGenerator:
         self.max_lookahead = max(int(max_lookahead), self.lookahead if self.lookahead != "auto" else 1)
         self.vocab = model_vocab_size(target)
         self.tokenizer = tokenizer
+        if verify_on_device not in (None, True, False):
+            raise ValueError(f"verify_on_device must be None, True or False, got {verify_on_device!r}")
+        self.verify_on_device = verify_on_device
 
     def _on_target_draft(self, draft: Any, tree: Any) -> MedusaDraft | EagleDraft:
         """The draft for Medusa heads or a feature draft (``tree``: chains, or a token tree)."""
@@ -549,8 +556,10 @@ class SpeculativeGenerator:
         tokens = TokenBuffer.from_prompts(prompts, extra=n_new)  # the loop gives no row more
         transforms = Transforms(cfg, s.before, s.user, s.min_new_tokens, eos)
         stop = StopStrings(self.tokenizer, s.stop_strings).hook(tokens) if s.stop_strings else None
+        on_device = (self.verify_on_device if self.verify_on_device is not None
+                     else next(self.target.parameters()).device.type == "cuda")
         process = TextProcess(target=self._target_lm, draft=self.draft, tokens=tokens, cfg=transforms,
-                              eos=eos, vocab=self.vocab, stop=stop,
+                              eos=eos, vocab=self.vocab, stop=stop, on_device=on_device,
                               encode=None if enc is None else self._encoders(enc))
         return _Request(process, tokens, [len(p) for p in prompts], n_new, verify, rng, spare, Stats(), t_start)
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from speculate.distributions import Categorical
+from speculate.verify.device import DeviceCategorical, draw
 
 from .encoder_decoder import (
     EncoderState,
@@ -82,6 +83,8 @@ class ModelDraft:
     (``Drafted.state``) is ``(pending, fed)``: the tokens fed before the first draft step and the
     drafts fed after them.
     """
+
+    on_device = False  #: draft where the logits are (set by the process: verification on the device)
 
     def __init__(self, model: Any) -> None:
         check_model(model, "draft")
@@ -146,6 +149,8 @@ class ModelDraft:
         logits = self.lm.forward(torch.from_numpy(block), start, valid=P)  # [R, W, Vd]
         dev = logits.device
         last = logits[torch.arange(R, device=dev), torch.as_tensor(P - 1, device=dev)]  # [R, Vd]
+        if self.on_device and not prefixed:
+            return self._on_device(last, start, P, lengths, steps, k, cfg, rng, vocab)
         outcomes = np.zeros((R, k), np.int64)
         q = None if cfg.greedy else np.zeros((R, k, vocab), np.float32)
         for i in range(steps):
@@ -166,6 +171,34 @@ class ModelDraft:
             if i + 1 < steps:
                 x = torch.from_numpy(outcomes[:, i : i + 1])  # [R, 1]
                 last = self.lm.forward(x, start + P + i)[:, 0]  # [R, Vd]
+        return Drafted(outcomes, q, lengths, (P, np.full(R, steps - 1, np.int64)))
+
+    def _on_device(self, last: torch.Tensor, start: np.ndarray, P: np.ndarray, lengths: np.ndarray, steps: int,
+                   k: int, cfg: SamplingConfig | Transforms, rng: np.random.Generator, vocab: int) -> Drafted:
+        """Drafting where the draft's logits are (``on_device``, no prefix processors): each step's
+        draft is drawn there (inverse CDF at a uniform from ``rng``, the uniform per row that
+        Categorical.sample would take) and fed back without a trip to the host; the drafts come back
+        once, at the end, and their laws stay on the device for its verification."""
+        R = len(start)
+        xs, qs = [], []
+        for i in range(steps):
+            if cfg.greedy:
+                x = self._argmax(last, vocab)  # [R]
+            else:
+                qi = self._probs(last, cfg, vocab)  # [R, V]
+                x = draw(qi.double(), torch.from_numpy(rng.random(R)).to(qi.device, non_blocking=True))
+                qs.append(qi)
+            xs.append(x)
+            if i + 1 < steps:
+                last = self.lm.forward(x[:, None], start + P + i)[:, 0]  # [R, Vd]
+        outcomes = np.zeros((R, k), np.int64)
+        outcomes[:, :steps] = torch.stack(xs, dim=1).cpu().numpy()  # the round's one transfer of drafts
+        q = None
+        if qs:
+            qd = torch.stack(qs, dim=1)  # [R, steps, V]
+            if steps < k:
+                qd = torch.cat([qd, qd.new_full((R, k - steps, qd.shape[-1]), 1.0 / qd.shape[-1])], dim=1)
+            q = DeviceCategorical(qd)
         return Drafted(outcomes, q, lengths, (P, np.full(R, steps - 1, np.int64)))
 
     def _argmax(self, logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 from speculate.distributions import Categorical
 from speculate.rounds import Proposal, Verdict
 from speculate.verify import Tree
+from speculate.verify.device import DeviceCategorical
 from speculate.verify.tree import tree_depths
 
 from .kv_cache import CachedModel, advance_length
@@ -70,7 +71,7 @@ class Drafted(NamedTuple):
     """What a draft proposes for the active rows (see ``speculate.domains.text.drafts``)."""
 
     outcomes: np.ndarray  #: int64 [R, k]: the drafted tokens (row r's first lengths[r] are valid)
-    q: np.ndarray | None  #: float32 [R, k, V]: the draft law each was sampled from; None = point masses
+    q: Any  #: float32 [R, k, V] (a DeviceCategorical on the device): the law each was drawn from; None: point masses
     lengths: np.ndarray  #: int64 [R]: valid drafts per row, <= min(k, need - 1)
     state: Any = None  #: the draft's own state for this round, handed back to ``Draft.advance``
 
@@ -158,6 +159,7 @@ class TextProcess:
     encode: Any = None  # Callable[[], None]: encoder-decoder targets only
     live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows in the caches
     stop: Any = None  # Callable: stop strings (see the class docstring)
+    on_device: bool = False  # chains verified where the logits are (speculate.verify.device)
 
     def __post_init__(self) -> None:
         self.cfg = as_transforms(self.cfg)
@@ -175,6 +177,8 @@ class TextProcess:
         if self.encode is not None:
             self.encode()
         self.target.reset(B, capacity, spare)
+        if hasattr(self.draft, "on_device"):  # a draft model drafts where its logits are
+            self.draft.on_device = self.on_device
         reads = bool(getattr(self.draft, "reads_features", False))
         self.target.capture, self.target.features = reads, None
         m = int(self.tokens.n.max()) - 1
@@ -217,7 +221,8 @@ class TextProcess:
         self._select(rows)
         self._grow(k)
         d = self.draft.propose(self.live, self.tokens, k, need, self.cfg, rng, self.vocab)
-        dists = None if d.q is None else Categorical(probs=d.q, validate=False)  # None: point masses
+        dists = (d.q if d.q is None or isinstance(d.q, DeviceCategorical)  # None: point masses
+                 else Categorical(probs=d.q, validate=False))
         if isinstance(d, DraftedTree):
             self._grow(d.tokens.shape[1])
             return Proposal(outcomes=d.tokens, dists=dists, lengths=d.valid, context=_Round(d.state),
@@ -245,11 +250,13 @@ class TextProcess:
         idx = torch.as_tensor(P[:, None] - 1 + np.arange(k + 1)[None, :],
                               device=logits.device)  # [R, k+1]
         sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, k+1, V]
-        _check_logits(sel, self.live)
-        p = self.cfg.probs(sel, t, self.live, drafts).cpu().numpy()  # [R, k+1, V] float32
         ctx = proposal.context
         ctx.pending, ctx.fed = P, lengths
         ctx.features = self.target.features if self.target.capture else None
+        if self.on_device:  # verified where the logits are: no transfer (bad rows flagged there)
+            return DeviceCategorical(self.cfg.probs(sel, t, self.live, drafts))  # [R, k+1, V]
+        _check_logits(sel, self.live)
+        p = self.cfg.probs(sel, t, self.live, drafts).cpu().numpy()  # [R, k+1, V] float32
         return Categorical(probs=p, validate=False)
 
     def _score_tree(self, proposal: Proposal) -> Categorical:

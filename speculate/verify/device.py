@@ -32,10 +32,75 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["block_device", "draw", "greedy_device", "token_device", "verify_block_device",
-           "verify_greedy_device", "verify_token_device"]
+__all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "token_device", "verify_block_device",
+           "verify_device_round", "verify_greedy_device", "verify_token_device"]
 
 Tensor = torch.Tensor
+
+
+class DeviceCategorical:
+    """Categorical distributions whose probabilities ``probs`` ``[*batch, V]`` are a tensor on some
+    device: what a process hands the round loop (target scores, draft laws) so that verification
+    runs where they are (:func:`verify_device_round`), with no copy to the host."""
+
+    def __init__(self, probs: Tensor) -> None:
+        if not isinstance(probs, torch.Tensor) or probs.ndim < 1:
+            raise TypeError(f"probs must be a torch.Tensor [..., V], got {type(probs).__name__}")
+        self.probs = probs
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self.probs.shape[:-1])
+
+    @property
+    def num_outcomes(self) -> int:
+        return int(self.probs.shape[-1])
+
+
+def verify_device_round(
+    target: DeviceCategorical, proposal: Any, rule: str, branches: int, k: int, R: int, lengths: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """One round of the loop (``one_round.verify_round``) on the target's device: the drafts,
+    lengths and the round's uniforms (drawn from ``rng`` in the order of the CPU route) go to the
+    device, and the accepted counts and next outcomes come back in ONE transfer."""
+    if branches != 1:
+        raise ValueError("verification on the device takes one draft branch (branches=1)")
+    shape = (R, k + 1)
+    if target.batch_shape != shape:
+        raise ValueError(f"target must score {shape} states (rows, k+1 positions) in one call, got a "
+                         f"DeviceCategorical with batch shape {target.batch_shape}")
+    p = target.probs
+    dev, V = p.device, target.num_outcomes
+    outcomes = np.zeros((R, k), np.int64) if k == 0 else np.asarray(proposal.outcomes, np.int64)
+    if outcomes.shape != (R, k):
+        raise ValueError(f"drafted outcomes must have shape {(R, k)}, got {outcomes.shape}")
+    if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):
+        raise ValueError(f"drafted outcome outside 0..{V - 1}")
+    drafts = torch.from_numpy(outcomes).to(dev, non_blocking=True)
+    lens = torch.from_numpy(np.ascontiguousarray(lengths, np.int64)).to(dev, non_blocking=True)
+    if rule == "greedy":
+        n, nxt, ok = greedy_device(p, drafts, lens)
+    else:
+        d = proposal.dists
+        if d is None:  # deterministic drafts: point masses at the outcomes
+            q = torch.zeros((R, k, V), dtype=p.dtype, device=dev).scatter_(-1, drafts[..., None], 1.0)
+        elif isinstance(d, DeviceCategorical):
+            q = d.probs.to(dev)
+        else:  # a host Categorical
+            q = torch.from_numpy(np.ascontiguousarray(d.probs)).to(dev)
+        if tuple(q.shape) != (R, k, V):
+            raise ValueError(f"draft distributions must be [R, k, V] = {(R, k, V)}, got {tuple(q.shape)}")
+        u_next = torch.from_numpy(rng.random(R)).to(dev, non_blocking=True)  # the CPU route's order
+        u_accept = torch.from_numpy(rng.random((R, k))).to(dev, non_blocking=True)
+        fn = token_device if rule == "token" else block_device
+        n, nxt, ok = fn(p, q, drafts, lens, u_accept, u_next)
+    out = torch.stack([n, nxt, ok.to(torch.int64)]).cpu().numpy()  # the round's one transfer
+    if not out[2].all():
+        b = int(np.flatnonzero(out[2] == 0)[0])
+        raise ValueError(f"row {b}: probabilities contain NaN, inf or a negative value, a drafted outcome "
+                         "has q = 0, or a row drawn from has no positive mass")
+    return out[0], out[1], np.zeros(R, np.int64), f"{rule}-device"
 
 
 def draw(w: Tensor, u: Tensor) -> Tensor:
@@ -125,7 +190,8 @@ def block_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
     for i in range(K):  # P_i = min(P_{i-1} p / q, 1), in the kernel's order of operations (K small steps)
         Ps.append(torch.clamp(Ps[-1] * px[:, i] / torch.where(valid[:, i], qx[:, i], 1.0), max=1.0))
     P = torch.stack(Ps, dim=1)  # [B, K+1]
-    P = torch.where(torch.cat([torch.ones_like(valid[:, :1]), valid], dim=1), P, 0.0)  # past L: unused
+    upto = torch.arange(K + 1, device=dev)[None, :] <= lengths[:, None]  # [B, K+1]: P_0 .. P_L
+    P = torch.where(upto, P, 0.0)  # past L: unused
     i = torch.arange(1, K + 1, device=dev)[None, :]  # [1, K]
     Pi = P[:, 1:]  # [B, K]
     if K > 1:  # R_i = sum_x max(P_i p_i(x) - q_i(x), 0) at positions 1..K-1 (p row i, q row i)

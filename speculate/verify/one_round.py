@@ -4,6 +4,8 @@ or, for any other distributions, to the one-step rule (``one_step.py``) position
 
 ``RULES`` is the one list of rule names; the round loop, the domains and speculate.testing import it.
 Multi-draft verification is the token rule with ``branches > 1`` (recursive rejection). A proposal
+whose target is a ``DeviceCategorical`` (probabilities in a tensor on an accelerator) is verified on
+that device (``device.py``; routes "token-device", "block-device", "greedy-device"). A proposal
 that carries a ``tree`` (a parent array or a ``speculate.verify.Tree``) is a token tree: the token
 rule verifies it with the tree kernel (``verify_tree``; route "tree"), the greedy rule with
 ``verify_tree_greedy`` (route "tree_greedy"); see :func:`verify_tree_round`.
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..distributions import Categorical, Normal, PointMass, as_distribution
 from . import block, token
+from .device import DeviceCategorical, verify_device_round
 from .kernels import (
     run_kernel,
     verify_block,
@@ -46,6 +49,8 @@ def verify_round(target: Any, proposal: Any, rule: str, branches: int, k: int, R
     if getattr(proposal, "tree", None) is not None:
         return verify_tree_round(target, proposal, rule, branches, R, rng)
     lengths = _lengths(proposal.lengths, R, m, k)
+    if isinstance(target, DeviceCategorical):  # probabilities on an accelerator: verified there
+        return verify_device_round(target, proposal, rule, m, k, R, lengths, rng)
     if isinstance(target, Categorical) and (proposal.dists is None or isinstance(proposal.dists, Categorical)):
         return _categorical(target, proposal, rule, m, k, R, lengths, rng)
     if isinstance(target, Normal) and isinstance(proposal.dists, Normal):

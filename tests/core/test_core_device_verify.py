@@ -57,6 +57,15 @@ def test_random_batches_agree_with_the_numba_kernels(rule, dtype):
     assert set(want[0].tolist()) == set(range(5))  # every depth, so every path is compared
 
 
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_no_drafts_k0(rule):
+    """K = 0 (a round that only draws the next outcome): the bonus draw from p, as the kernels."""
+    p, _, _, _, _, un = _batch(seed=6, B=100, K=0)
+    args = (p, np.zeros((100, 0, p.shape[-1])), np.zeros((100, 0), np.int64), None, np.zeros((100, 0)), un)
+    want, got = NUMBA[rule](*args), TENSOR[rule](*args)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
 def test_greedy_agrees_with_the_numba_kernel():
     p, _, _, lengths, _, _ = _batch(seed=3)
     top = p.argmax(-1)
