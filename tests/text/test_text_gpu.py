@@ -106,3 +106,17 @@ def test_encoder_decoders_on_cuda_and_across_devices(name, target_dev, draft_dev
                 logits = target(**one, decoder_input_ids=torch.tensor([want], device=target_dev)).logits
                 want.append(int(logits[0, -1].argmax()))
         assert seq == want
+
+
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_chains_are_verified_on_the_device(make_llama, verify):
+    """A CUDA target drafts and verifies on the device by default (routes '<rule>-device'), with the
+    host path's tokens for the same seed (the same uniforms, in the same order)."""
+    target = make_llama(init_std=0.3).cuda()
+    draft = make_llama(layers=1, rng=1).cuda()
+    kw = dict(max_new_tokens=24, eos_token_id=[], rng=5)
+    dev = SpeculativeGenerator(target, draft, lookahead=3, verify=verify).generate([[1, 2, 3], [4, 5]], **kw)
+    host = SpeculativeGenerator(target, draft, lookahead=3, verify=verify, verify_on_device=False).generate(
+        [[1, 2, 3], [4, 5]], **kw)
+    assert set(dev.stats.routes) == {f"{verify}-device"} and set(host.stats.routes) == {verify}
+    assert dev.new_tokens == host.new_tokens
