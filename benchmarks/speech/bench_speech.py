@@ -41,10 +41,12 @@ N_NEW = 32
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lookahead", type=int, default=6)
+    ap.add_argument("--lookahead", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--utterances", type=int, default=None)
+    ap.add_argument("--pair", type=Path, default=None, help="folder with speech-target/ and speech-draft/ "
+                    "(default: the embedded pair)")
     ap.add_argument("--results", default="speech_generate")
     ap.add_argument("--results-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     env = machine()
-    target, draft, tok = speech.load_speech_pair()
+    target, draft, tok = speech.load_speech_pair(path=args.pair)
     waves, refs = speech.load_heldout()
     if args.utterances:
         waves, refs = waves[:args.utterances], refs[:args.utterances]

@@ -53,7 +53,7 @@ CHARS = sorted(CHARSET)  # CTC classes: 0 = blank, then these
 class ModelSpec:
     d_model: int = 144
     encoder_layers: int = 3
-    decoder_layers: int = 4
+    decoder_layers: int = 8
     heads: int = 4
     ffn: int = 576
     max_target_positions: int = 40
@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=None, help="target training steps")
     ap.add_argument("--distill-steps", type=int, default=None)
+    ap.add_argument("--decoder-layers", type=int, default=None, help="target decoder layers (default 8)")
     ap.add_argument("--draft-layers", default="1,2", help="draft sizes to try (decoder layers)")
     ap.add_argument("--max-train", type=int, default=None, help="use the first N training utterances")
     ap.add_argument("--eval-every", type=int, default=400)
@@ -397,6 +398,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     log(f"command: {command}")
     mspec, tspec, dspec = ModelSpec(), TrainSpec(), DistillSpec()
+    if args.decoder_layers:
+        mspec.decoder_layers = args.decoder_layers
     if args.steps:
         tspec.steps = args.steps
         tspec.warmup = min(tspec.warmup, max(1, args.steps // 4))

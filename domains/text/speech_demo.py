@@ -34,7 +34,7 @@ def _plain(target, feats: torch.Tensor, n: int) -> list[list[int]]:
 def demo(argv: list[str] | None = None) -> int:
     """Run the speech demo; returns a process exit status (0 on success)."""
     ap = argparse.ArgumentParser(prog="speculate demo speech", description=__doc__.split("\n")[0])
-    ap.add_argument("--lookahead", type=int, default=6)
+    ap.add_argument("--lookahead", type=int, default=8)
     ap.add_argument("--utterances", type=int, default=None, help="held-out utterances to use (default all)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="8 utterances, one timing repeat")
