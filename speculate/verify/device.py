@@ -43,6 +43,8 @@ class DeviceCategorical:
     device: what a process hands the round loop (target scores, draft laws) so that verification
     runs where they are (:func:`verify_device_round`), with no copy to the host."""
 
+    on_device = True  #: what the round loop looks for (it does not import torch for an isinstance check)
+
     def __init__(self, probs: Tensor) -> None:
         if not isinstance(probs, torch.Tensor) or probs.ndim < 1:
             raise TypeError(f"probs must be a torch.Tensor [..., V], got {type(probs).__name__}")

@@ -19,7 +19,6 @@ import numpy as np
 
 from ..distributions import Categorical, Normal, PointMass, as_distribution
 from . import block, token
-from .device import DeviceCategorical, verify_device_round
 from .kernels import (
     run_kernel,
     verify_block,
@@ -49,7 +48,9 @@ def verify_round(target: Any, proposal: Any, rule: str, branches: int, k: int, R
     if getattr(proposal, "tree", None) is not None:
         return verify_tree_round(target, proposal, rule, branches, R, rng)
     lengths = _lengths(proposal.lengths, R, m, k)
-    if isinstance(target, DeviceCategorical):  # probabilities on an accelerator: verified there
+    if getattr(target, "on_device", False):  # a DeviceCategorical: verified where its probabilities are
+        from .device import verify_device_round  # torch is needed only here: the core does not import it
+
         return verify_device_round(target, proposal, rule, m, k, R, lengths, rng)
     if isinstance(target, Categorical) and (proposal.dists is None or isinstance(proposal.dists, Categorical)):
         return _categorical(target, proposal, rule, m, k, R, lengths, rng)

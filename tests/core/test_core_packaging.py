@@ -79,3 +79,17 @@ def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path):
                  "speculate/domains/diffusion/models/digits.json",
                  "speculate/domains/rl/snapshots/check.py", "speculate/testing/exact/kernels.py"):
         assert must in names, must
+
+
+def test_the_core_imports_without_torch():
+    """torch is an extra (text, rl, physics, diffusion): the engine, the verification core and the
+    testing helpers import without it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import speculate, speculate.verify, speculate.testing, speculate.rounds, speculate.chain\n"
+            "from speculate.verify import verify_round\n"
+            "assert 'torch' not in sys.modules, 'the core imported torch'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
