@@ -54,6 +54,22 @@ def _as_chain(tokens: np.ndarray, q: np.ndarray | None, valid: np.ndarray, k: in
     return Drafted(out, qq, valid[:, 1:].sum(axis=1).astype(np.int64), None)
 
 
+def _draw_depth(logits: torch.Tensor, tr: Transforms, rng: np.random.Generator, out: np.ndarray,
+                q: np.ndarray | None, d: int) -> None:
+    """Draft depth ``d`` of every row from the draft's ``logits`` ``[R, V]``: the argmax when greedy,
+    else a draw from the law after the settings, recorded in ``q[:, d]`` (what the verifier gets)."""
+    x = logits.float()
+    if tr.greedy:
+        out[:, d] = x.argmax(-1).cpu().numpy()
+        return
+    pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, V]
+    if not np.isfinite(pr.sum(-1)).all():
+        raise ValueError("the draft's logits are not finite (NaN or +inf): its weights or "
+                         "activations overflowed or hold NaN")
+    q[:, d] = pr
+    out[:, d] = Categorical(probs=pr, validate=False).sample(rng)
+
+
 class _FeatureReader:
     """What both drafts share: the tree shape, and the rows' features kept from ``observe``."""
 
@@ -83,33 +99,6 @@ class _FeatureReader:
         if self.spec is None:
             return _as_chain(toks, q, valid, k)
         return DraftedTree(toks, q, valid, Tree(parent, spec.replacement), None)
-
-    def _chain(self, rows: np.ndarray, tokens: TokenBuffer, k: int, cap: np.ndarray, tr: Transforms,
-               rng: np.random.Generator, vocab: int) -> Drafted:
-        """A chain of up to ``k`` drafts per row, each drawn from the draft's law at the previous one."""
-        R = len(rows)
-        lengths = np.where(self._ready(), np.maximum(cap, 0), 0).astype(np.int64)
-        steps = int(lengths.max(initial=0))
-        out = np.zeros((R, k), np.int64)
-        q = None if tr.greedy else np.zeros((R, k, vocab), np.float32)
-        if steps == 0:
-            return Drafted(out, q, lengths, None)
-        at = self._logits_at(rows, tokens)
-        parent = np.broadcast_to(np.arange(-1, steps), (R, steps + 1))
-        toks = np.zeros((R, steps + 1), np.int64)
-        for d in range(steps):
-            x = at(np.full((R, 1), d), d, parent, toks)[:, 0].float()  # [R, V]
-            if tr.greedy:
-                out[:, d] = x.argmax(-1).cpu().numpy()
-            else:
-                pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, V]
-                if not np.isfinite(pr.sum(-1)).all():
-                    raise ValueError("the draft's logits are not finite (NaN or +inf): its weights or "
-                                     "activations overflowed or hold NaN")
-                q[:, d] = pr
-                out[:, d] = Categorical(probs=pr, validate=False).sample(rng)
-            toks[:, d + 1] = out[:, d]
-        return Drafted(out, q, lengths, None)
 
     def advance(self, state: Any, n_used: np.ndarray, n_accepted: np.ndarray, path: Any = None) -> None:
         """Nothing to roll back: the next round's features come from the target (``observe``)."""
@@ -279,16 +268,7 @@ class EagleDraft(_FeatureReader):
         dev = h.device
         slot = torch.as_tensor(self.flen - 1, device=dev)[:, None]  # [R, 1]: the root's
         for d in range(steps):
-            x = lg.float()
-            if tr.greedy:
-                out[:, d] = x.argmax(-1).cpu().numpy()
-            else:
-                pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, V]
-                if not np.isfinite(pr.sum(-1)).all():
-                    raise ValueError("the draft's logits are not finite (NaN or +inf): its weights or "
-                                     "activations overflowed or hold NaN")
-                q[:, d] = pr
-                out[:, d] = Categorical(probs=pr, validate=False).sample(rng)
+            _draw_depth(lg, tr, rng, out, q, d)
             if d + 1 < steps:  # node d + 1: (the feature predicted at node d, draft d)
                 slot = slot + 1
                 hh, ll = self.fd(h[:, None], torch.as_tensor(out[:, d : d + 1], device=dev), slot, self.cache,

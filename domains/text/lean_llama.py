@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .kv_cache import CachedModel
+from .lean_cache import SlotCache
 
 __all__ = ["LeanLlama", "lean_model", "supports"]
 
@@ -54,7 +55,7 @@ def lean_model(model: Any) -> Any:
     return LeanLlama(model) if supports(model) else CachedModel(model)
 
 
-class LeanLlama:
+class LeanLlama(SlotCache):
     """``LlamaForCausalLM`` decoding with a position-indexed KV cache for a batch of rows.
 
     ``length[r]``: tokens of row ``r`` whose keys and values sit, correct, at slots
@@ -72,16 +73,10 @@ class LeanLlama:
         cfg = model.config
         self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.layers = list(self.core.layers)
+        self.n_cache_layers, self.kv_heads = len(self.layers), self.n_kv
         p = next(model.parameters())
         self.dtype, self.device_ = p.dtype, p.device
-        self.length = np.zeros(0, np.int64)
-        self.capacity = 0
-        self.k: list[torch.Tensor] = []  # per layer [R, n_kv, capacity, head_dim]
-        self.v: list[torch.Tensor] = []
-
-    @property
-    def device(self) -> torch.device:
-        return self.device_
+        self._init_slots()
 
     def _alloc(self, batch: int, capacity: int) -> None:
         # rotary tables for slots 0 .. capacity-1, from the model's own rotary embedding (each entry is
@@ -89,44 +84,21 @@ class LeanLlama:
         probe = torch.zeros(1, dtype=self.dtype, device=self.device_)
         cos, sin = self.core.rotary_emb(probe, torch.arange(capacity, device=self.device_)[None])
         self._cos, self._sin = cos[0], sin[0]  # [capacity, head_dim]
-        shape = (batch, self.n_kv, capacity, self.head_dim)
-        old_k, old_v = self.k, self.v
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in self.layers]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in self.layers]
-        if old_k and old_k[0].shape[0] == batch:  # growing: keep what is cached
-            n = old_k[0].shape[2]
-            for i in range(len(self.layers)):
-                self.k[i][:, :, :n] = old_k[i]
-                self.v[i][:, :, :n] = old_v[i]
-        self.capacity = capacity
+        super()._alloc(batch, capacity)
 
     def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
         """Empty caches for ``batch`` rows of up to ``capacity`` tokens each plus ``spare`` slots (as
         ``CachedModel.reset``), in the model's current dtype and device: it may have moved since."""
         p = next(self.model.parameters())
         self.dtype, self.device_ = p.dtype, p.device
-        self.k, self.v = [], []
-        self._alloc(batch, capacity + spare)
-        self.length = np.zeros(batch, np.int64)
+        self._reset_slots(batch, capacity + spare)
 
     def release(self) -> None:
-        self.k, self.v, self.capacity = [], [], 0
-        self.length = np.zeros(0, np.int64)
-
-    def ensure_capacity(self, capacity: int) -> None:
-        if capacity > self.capacity:
-            self._alloc(len(self.length), max(capacity, 2 * self.capacity))
-
-    def keep(self, n: np.ndarray) -> None:
-        """Commit ``n[r]`` more tokens of row ``r`` (as ``CachedModel.keep``)."""
-        self.length += np.asarray(n, dtype=np.int64)
+        self._release_slots()
 
     def select(self, keep: np.ndarray) -> None:
         """Keep only the rows ``keep`` (local indices, increasing)."""
-        idx = torch.as_tensor(keep, dtype=torch.long, device=self.device_)
-        self.k = [t.index_select(0, idx) for t in self.k]
-        self.v = [t.index_select(0, idx) for t in self.v]
-        self.length = self.length[keep]
+        self._select_slots(keep)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False,

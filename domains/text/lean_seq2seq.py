@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .encoder_decoder import CachedSeq2Seq, EncoderState, _decoder, _probe
+from .lean_cache import SlotCache
 
 __all__ = ["LeanSeq2Seq", "lean_seq2seq", "supports"]
 
@@ -79,7 +80,7 @@ def lean_seq2seq(model: Any) -> Any:
     return LeanSeq2Seq(model) if seen[1] is None else CachedSeq2Seq(model)
 
 
-class LeanSeq2Seq:
+class LeanSeq2Seq(SlotCache):
     """A Whisper or BART decoder with a position-indexed self-attention cache and per-row cross-attention
     keys and values, for a batch of rows.
 
@@ -101,37 +102,19 @@ class LeanSeq2Seq:
         self.lay = _layout(model, self.dec)
         self.max_pos = int(self.dec.embed_positions.weight.shape[0]) - self.lay.offset
         self.encoder: EncoderState | None = None
-        self.length = np.zeros(0, np.int64)
-        self.capacity = 0
-        self.device_ = next(model.parameters()).device
+        self.n_cache_layers, self.kv_heads = len(self.layers), self.n_heads
+        p = next(model.parameters())
+        self.dtype, self.device_ = p.dtype, p.device
+        self._init_slots()  # self-attention: per layer [R, H, capacity, hd]
         self.w = _weights(model, self.dec)
-        self.k: list[torch.Tensor] = []  # per layer [R, H, capacity, hd]: self-attention
-        self.v: list[torch.Tensor] = []
         self.ck: list[torch.Tensor] = []  # per layer [R, H, S, hd]: cross-attention, once per row
         self.cv: list[torch.Tensor] = []
         self.src_mask: torch.Tensor | None = None  # [R, 1, 1, S] bool: source tokens (BART; None: all)
-
-    @property
-    def device(self) -> torch.device:
-        return self.device_
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """[R, W, m * D] -> [R, m * H, W, hd]"""
         R, W, _ = x.shape
         return x.view(R, W, -1, self.head_dim).transpose(1, 2)
-
-    def _alloc(self, batch: int, capacity: int) -> None:
-        p = next(self.model.parameters())
-        shape = (batch, self.n_heads, capacity, self.head_dim)
-        old_k, old_v = self.k, self.v
-        self.k = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.layers]
-        self.v = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.layers]
-        if old_k and old_k[0].shape[0] == batch:  # growing: keep what is cached
-            n = old_k[0].shape[2]
-            for i in range(len(self.layers)):
-                self.k[i][:, :, :n] = old_k[i]
-                self.v[i][:, :, :n] = old_v[i]
-        self.capacity = capacity
 
     @torch.inference_mode()
     def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
@@ -140,11 +123,9 @@ class LeanSeq2Seq:
         if self.encoder is None or self.encoder.hidden.shape[0] != batch:
             raise RuntimeError("set the encoder state of every row before reset()")
         p = next(self.model.parameters())  # the model may have moved since
-        self.device_ = p.device
+        self.dtype, self.device_ = p.dtype, p.device
         self.w, self.lay = _weights(self.model, self.dec), _layout(self.model, self.dec)  # buffers move as copies
-        self.k, self.v = [], []
-        self._alloc(batch, capacity + spare)
-        self.length = np.zeros(batch, np.int64)
+        self._reset_slots(batch, capacity + spare)
         enc = self.encoder.hidden.to(p.device, p.dtype)  # [R, S, D]
         cross = [layer.encoder_attn for layer in self.layers]
         self.ck = [self._heads(F.linear(enc, a.k_proj.weight, a.k_proj.bias)) for a in cross]  # [R, H, S, hd]
@@ -154,27 +135,17 @@ class LeanSeq2Seq:
 
     def release(self) -> None:
         """Free the caches and the encoder state."""
-        self.k, self.v, self.ck, self.cv, self.capacity, self.encoder, self.src_mask = [], [], [], [], 0, None, None
-        self.length = np.zeros(0, np.int64)
-
-    def ensure_capacity(self, capacity: int) -> None:
-        if capacity > self.capacity:
-            self._alloc(len(self.length), max(capacity, 2 * self.capacity))
-
-    def keep(self, n: np.ndarray) -> None:
-        """Commit ``n[r]`` more tokens of row ``r``."""
-        self.length += np.asarray(n, dtype=np.int64)
+        self._release_slots()
+        self.ck, self.cv, self.encoder, self.src_mask = [], [], None, None
 
     def select(self, keep: np.ndarray) -> None:
         """Keep only the rows ``keep`` (local indices, increasing): caches and encoder states."""
-        idx = torch.as_tensor(keep, dtype=torch.long, device=self.device)
-        self.k, self.v, self.ck, self.cv = ([t.index_select(0, idx) for t in ts]
-                                            for ts in (self.k, self.v, self.ck, self.cv))
+        idx = self._select_slots(keep)
+        self.ck, self.cv = [t.index_select(0, idx) for t in self.ck], [t.index_select(0, idx) for t in self.cv]
         assert self.encoder is not None
         self.encoder = self.encoder.select(idx)
         if self.src_mask is not None:
             self.src_mask = self.src_mask.index_select(0, idx)
-        self.length = self.length[keep]
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False,

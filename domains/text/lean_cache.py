@@ -1,0 +1,78 @@
+"""What the lean decoding loops (``lean_llama.py``, ``lean_seq2seq.py``) share: per-layer key and
+value tensors indexed by position, gpt-fast style, for a batch of rows.
+
+Row ``r``'s token at position ``p`` sits at slot ``p``; ``length[r]`` tokens of row ``r`` are
+correct at slots ``0 .. length[r] - 1``. A forward writes new tokens at their slots and reads slots
+up to its own; rolling back a rejected draft is not moving ``length`` forward (the stale slots are
+overwritten next round). The buffers grow by doubling, keeping what they hold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["SlotCache"]
+
+
+class SlotCache:
+    """Keys and values ``[R, kv_heads, capacity, head_dim]`` per layer (``self.k``, ``self.v``).
+
+    A loop sets ``n_cache_layers``, ``kv_heads``, ``head_dim``, ``dtype`` and ``device_`` before
+    the first :meth:`_alloc` (and ``dtype``, ``device_`` again at each reset: the model may have
+    moved since).
+    """
+
+    n_cache_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device_: torch.device
+
+    def _init_slots(self) -> None:
+        self.length = np.zeros(0, np.int64)
+        self.capacity = 0
+        self.k: list[torch.Tensor] = []  # per layer [R, kv_heads, capacity, head_dim]
+        self.v: list[torch.Tensor] = []
+
+    @property
+    def device(self) -> torch.device:
+        return self.device_
+
+    def _alloc(self, batch: int, capacity: int) -> None:
+        """Buffers of ``capacity`` slots for ``batch`` rows; growing keeps what is cached."""
+        shape = (batch, self.kv_heads, capacity, self.head_dim)
+        old_k, old_v = self.k, self.v
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in range(self.n_cache_layers)]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in range(self.n_cache_layers)]
+        if old_k and old_k[0].shape[0] == batch:
+            n = old_k[0].shape[2]
+            for i in range(self.n_cache_layers):
+                self.k[i][:, :, :n] = old_k[i]
+                self.v[i][:, :, :n] = old_v[i]
+        self.capacity = capacity
+
+    def _reset_slots(self, batch: int, capacity: int) -> None:
+        self.k, self.v = [], []
+        self._alloc(batch, capacity)
+        self.length = np.zeros(batch, np.int64)
+
+    def _release_slots(self) -> None:
+        self.k, self.v, self.capacity = [], [], 0
+        self.length = np.zeros(0, np.int64)
+
+    def ensure_capacity(self, capacity: int) -> None:
+        if capacity > self.capacity:
+            self._alloc(len(self.length), max(capacity, 2 * self.capacity))
+
+    def keep(self, n: np.ndarray) -> None:
+        """Commit ``n[r]`` more tokens of row ``r`` (as ``CachedModel.keep``)."""
+        self.length += np.asarray(n, dtype=np.int64)
+
+    def _select_slots(self, keep: np.ndarray) -> torch.Tensor:
+        """Keep only the rows ``keep`` (local indices, increasing) of the buffers; their index tensor."""
+        idx = torch.as_tensor(keep, dtype=torch.long, device=self.device_)
+        self.k = [t.index_select(0, idx) for t in self.k]
+        self.v = [t.index_select(0, idx) for t in self.v]
+        self.length = self.length[keep]
+        return idx
