@@ -177,16 +177,19 @@ class ModelDraft:
                    k: int, cfg: SamplingConfig | Transforms, rng: np.random.Generator, vocab: int) -> Drafted:
         """Drafting where the draft's logits are (``on_device``, no prefix processors): each step's
         draft is drawn there (inverse CDF at a uniform from ``rng``, the uniform per row that
-        Categorical.sample would take) and fed back without a trip to the host; the drafts come back
-        once, at the end, and their laws stay on the device for its verification."""
+        Categorical.sample would take; the round's uniforms go up in one copy) and fed back without a
+        trip to the host; the drafts come back once, at the end, and their laws stay on the device
+        for its verification."""
         R = len(start)
         xs, qs = [], []
+        # every step's uniforms in one upload (the same numbers as one rng.random(R) per step)
+        u = None if cfg.greedy else torch.from_numpy(rng.random((steps, R))).to(last.device)
         for i in range(steps):
             if cfg.greedy:
                 x = self._argmax(last, vocab)  # [R]
             else:
                 qi = self._probs(last, cfg, vocab)  # [R, V]
-                x = draw(qi.double(), torch.from_numpy(rng.random(R)).to(qi.device, non_blocking=True))
+                x = draw(qi.double(), u[i])
                 qs.append(qi)
             xs.append(x)
             if i + 1 < steps:

@@ -79,8 +79,8 @@ def verify_device_round(
         raise ValueError(f"drafted outcomes must have shape {(R, k)}, got {outcomes.shape}")
     if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):
         raise ValueError(f"drafted outcome outside 0..{V - 1}")
-    drafts = torch.from_numpy(outcomes).to(dev, non_blocking=True)
-    lens = torch.from_numpy(np.ascontiguousarray(lengths, np.int64)).to(dev, non_blocking=True)
+    drafts = torch.from_numpy(outcomes).to(dev)
+    lens = torch.from_numpy(np.ascontiguousarray(lengths, np.int64)).to(dev)
     if rule == "greedy":
         n, nxt, ok = greedy_device(p, drafts, lens)
     else:
@@ -93,8 +93,8 @@ def verify_device_round(
             q = torch.from_numpy(np.ascontiguousarray(d.probs)).to(dev)
         if tuple(q.shape) != (R, k, V):
             raise ValueError(f"draft distributions must be [R, k, V] = {(R, k, V)}, got {tuple(q.shape)}")
-        u_next = torch.from_numpy(rng.random(R)).to(dev, non_blocking=True)  # the CPU route's order
-        u_accept = torch.from_numpy(rng.random((R, k))).to(dev, non_blocking=True)
+        u = torch.from_numpy(rng.random(R + R * k)).to(dev)  # one copy; the CPU route's order: u_next, u_accept
+        u_next, u_accept = u[:R], u[R:].view(R, k)
         fn = token_device if rule == "token" else block_device
         n, nxt, ok = fn(p, q, drafts, lens, u_accept, u_next)
     out = torch.stack([n, nxt, ok.to(torch.int64)]).cpu().numpy()  # the round's one transfer
