@@ -159,12 +159,23 @@ class MedusaHeads(torch.nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return torch.stack([head(features) for head in self.heads], dim=-2)  # [..., n_heads, V]
 
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:  # .to(), .float(), .cuda(): parameters may be new
+        self.__dict__.pop("_plist", None)
+        return super()._apply(fn, *args, **kwargs)
+
     @torch.no_grad()
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` on ``features`` ``[R, H]`` as three batched matrix products over the heads
         (what drafting calls: ``[R, n_heads, V]``, equal up to float rounding). The stacked weights
-        are rebuilt whenever a parameter changes."""
-        key = tuple((id(p), p._version) for p in self.parameters())
+        are rebuilt whenever a parameter changes: an in-place update (its version counter), a move
+        or cast (its data). The parameter list is kept between calls (walking the modules costs more
+        than the heads) and dropped by every ``.to()``/``.float()``; a module replaced by assignment
+        after the first call is not seen, which can only make drafts worse, never the output law
+        (the verifier gets the law each draft was drawn from)."""
+        plist = self.__dict__.get("_plist")
+        if plist is None:
+            plist = self.__dict__["_plist"] = list(self.parameters())
+        key = tuple((p.data_ptr(), p._version) for p in plist)
         if self.__dict__.get("_stacked_key") != key:
             L = self.config["n_layers"]
             Ws = [torch.stack([h[i].linear.weight.T for h in self.heads]) for i in range(L)]  # [n, H, H]

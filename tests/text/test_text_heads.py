@@ -199,3 +199,12 @@ def test_draft_logits_equal_forward_and_follow_weight_changes():
     with torch.no_grad():
         heads.heads[1][0].linear.weight.add_(0.5)
     torch.testing.assert_close(heads.draft_logits(f), heads(f).detach())
+    heads.load_state_dict({k: v + 0.25 for k, v in heads.state_dict().items()})  # copied in place
+    torch.testing.assert_close(heads.draft_logits(f), heads(f).detach())
+    torch.__future__.set_overwrite_module_params_on_conversion(True)  # a cast makes new Parameter objects
+    try:
+        heads.float()
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    assert heads.draft_logits(f.float()).dtype == torch.float32
+    torch.testing.assert_close(heads.draft_logits(f.float()), heads(f.float()).detach())
