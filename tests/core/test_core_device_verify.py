@@ -102,10 +102,13 @@ def test_bad_rows_are_flagged_where_the_numba_kernels_raise(rule):
     c[0, 2] = np.nan  # the bonus row: token never reads it after a rejection at position 0
     cases.append(((c, q, [[0, 1]], None, [[0.99, 0.1]], [0.5]), "token-unread"))
     for args, what in cases:
-        if rule == "greedy":
-            gp, gd = args[0], np.array([[3, 1]])  # argmax of p rows is 0: draft 3 rejected at once
-            want = _raises(verify_greedy, gp, gd)
-            assert _raises(verify_greedy_device, gp, gd) == want
+        if rule == "greedy":  # argmax of every row is 0: draft 0 kept, so row 1 is read; draft 3 is not
+            gp = args[0]
+            for gd, read in ((np.array([[0, 1]]), True), (np.array([[3, 1]]), False)):
+                want = _raises(verify_greedy, gp, gd)
+                assert _raises(verify_greedy_device, gp, gd) == want, (what, gd.tolist())
+                if what == "read" and read and np.isnan(gp).any():
+                    assert want  # NaN in a row greedy reads (q is not read by greedy): both refuse
             continue
         want = _raises(NUMBA[rule], *args)
         assert _raises(TENSOR[rule], *args) == want, (rule, what)

@@ -3,7 +3,8 @@ run here on the CPU: the path a CUDA target takes, without a GPU.
 
 - Same seed, same tokens: the device path draws the round's uniforms in the host path's order, so
   its output equals the host path's (Numba kernels) token for token, for the token, block and greedy
-  rules, a draft model and n-gram drafts; the routes say where verification ran.
+  rules, a draft model, n-gram drafts and Medusa heads (whose law is drawn on the host); the routes
+  say where verification ran.
 - The law of the first tokens equals the target's exact law (the chi-square test of
   ``test_text_exactness``: ALPHA = 1e-6 per test, power 0.99 at a joint TV of FAST_TV = 0.02).
 - Greedy output equals the target's own greedy decoding; NaN logits raise (never passed on); a bad
@@ -25,11 +26,20 @@ from tests.text.test_text_exactness import FAST_TV, PROMPTS, assert_law, rows_ne
 BATCH = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
 
 
-@pytest.mark.parametrize("draft", ["model", "ngram"])
+def _draft(kind, make_llama, target):
+    if kind == "model":
+        return make_llama(layers=1, rng=1)
+    if kind == "heads":  # Medusa heads: their law is a host Categorical, sent to the device to verify
+        from tests.text.test_text_tree_drafts import _drafter
+        return _drafter("heads", target)
+    return "ngram"
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram", "heads"])
 @pytest.mark.parametrize("verify", ["token", "block", "greedy"])
 def test_device_path_gives_the_host_paths_tokens(make_llama, draft, verify):
     target = make_llama(init_std=0.3)
-    d = make_llama(layers=1, rng=1) if draft == "model" else "ngram"
+    d = _draft(draft, make_llama, target)
     kw = dict(max_new_tokens=24, eos_token_id=[], rng=11, temperature=0 if verify == "greedy" else 1.0)
     host = SpeculativeGenerator(target, d, lookahead=3, verify="block" if verify == "greedy" else verify)
     dev = SpeculativeGenerator(target, d, lookahead=3, verify="block" if verify == "greedy" else verify,
