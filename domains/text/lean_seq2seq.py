@@ -3,7 +3,7 @@
 target's encoder), without the framework around them.
 
 A decoder step of a small model on CPU is mostly overhead: cache objects, mask building, output
-dataclasses, hooks (about 0.5 ms of a 0.6 ms draft step on the embedded speech pair). This loop runs
+dataclasses, hooks (most of a draft step of the embedded speech pair). This loop runs
 the model's own submodules' weights (token and position embeddings, layer norms, q/k/v/out
 projections of self- and cross-attention, fc1/fc2, the output head) around fixed tensors indexed by
 position, as ``lean_llama.py`` does for Llama: writing a token at slot ``p`` overwrites whatever a
