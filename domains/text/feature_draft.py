@@ -43,17 +43,15 @@ from .distill import divergence_loss
 from .heads import (
     acceptance,
     check_summary,
+    fit_on_target,
     load_config,
     load_weights,
-    optimizer_step,
     save_module,
     target_features,
     target_summary,
     training_data,
-    training_windows,
 )
 from .kv_cache import text_config
-from .progress import progress_bar
 
 CONFIG_NAME, WEIGHTS_NAME = "feature_draft_config.json", "feature_draft.safetensors"
 
@@ -367,26 +365,20 @@ def train_feature_draft(target: torch.nn.Module, texts, *, tokenizer=None, steps
 
     before = evaluate()
     say(f"feature draft: alpha before = {before[0]:.4f} (rollout {before[1]:.4f})")
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    g_data, g_sample, g_noise = gen(3, "cpu"), gen(4), gen(5)
-    losses: list[float] = []
-    draft.train()
-    with progress_bar(steps, "feature draft", enabled=progress, unit="step") as bar:
-        for step in range(steps):
-            ids = training_windows(target, stream, batch_size, seq_len, self_distill, temperature, g_data, g_sample)
-            feats, logits = target_features(target, ids)  # [B, L, H], [B, L, V]
-            x = feats[:, :-1]  # [B, L-1, H]
-            if noise:
-                x = x + noise * (2 * torch.rand(x.shape, generator=g_noise, device=dev, dtype=x.dtype) - 1)
-            pos = torch.arange(seq_len - 1, device=dev).expand(len(ids), -1)  # [B, L-1]
-            hid, out = draft(x, ids[:, 1:], pos)  # [B, L-1, H], [B, L-1, V]
-            loss = (feature_weight * F.smooth_l1_loss(hid, feats[:, 1:].to(hid.dtype))
-                    + token_weight * divergence_loss(logits[:, 1:], out, divergence, temperature).mean())
-            losses.append(optimizer_step(opt, loss, params, lr, step, steps, "feature draft"))
-            bar.update(1)
-            if (step + 1) % 50 == 0:
-                say(f"feature draft: step {step + 1}/{steps} loss {np.mean(losses[-50:]):.4f}")
+    g_noise = gen(5)
+
+    def loss_of(ids: torch.Tensor, feats: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        x = feats[:, :-1]  # [B, L-1, H]
+        if noise:
+            x = x + noise * (2 * torch.rand(x.shape, generator=g_noise, device=dev, dtype=x.dtype) - 1)
+        pos = torch.arange(seq_len - 1, device=dev).expand(len(ids), -1)  # [B, L-1]
+        hid, out = draft(x, ids[:, 1:], pos)  # [B, L-1, H], [B, L-1, V]
+        return (feature_weight * F.smooth_l1_loss(hid, feats[:, 1:].to(hid.dtype))
+                + token_weight * divergence_loss(logits[:, 1:], out, divergence, temperature).mean())
+
+    losses = fit_on_target(draft, target, stream, gen, loss_of, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                           lr=lr, self_distill=self_distill, temperature=temperature, what="feature draft",
+                           say=say, progress=progress)
     after = evaluate()
     say(f"feature draft: alpha after = {after[0]:.4f} (rollout {after[1]:.4f})")
     cfg = dict(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, feature_weight=feature_weight,

@@ -327,6 +327,32 @@ def training_data(target: torch.nn.Module, texts: Any, tokenizer: Any, eval_text
     return gen, stream, eval_ids
 
 
+def fit_on_target(module: torch.nn.Module, target: torch.nn.Module, stream: torch.Tensor,
+                  gen: Callable[..., torch.Generator], loss_of: Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
+                                                                      torch.Tensor],
+                  *, steps: int, batch_size: int, seq_len: int, lr: float, self_distill: bool,
+                  temperature: float, what: str, say: Callable[[str], None], progress: bool | None) -> list[float]:
+    """The loop both drafts on a target train with: AdamW on ``module``'s trainable parameters,
+    each step a batch of windows of ``stream`` (second halves sampled from the frozen ``target``
+    when ``self_distill``), the target's features and logits on them, and ``loss_of(ids, features,
+    logits)``; scheduled learning rate, gradients clipped (:func:`optimizer_step`). Returns the
+    loss per step; ``module`` is left in training mode."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    g_data, g_sample = gen(3, "cpu"), gen(4)
+    losses: list[float] = []
+    module.train()
+    with progress_bar(steps, what, enabled=progress, unit="step") as bar:
+        for step in range(steps):
+            ids = training_windows(target, stream, batch_size, seq_len, self_distill, temperature, g_data, g_sample)
+            feats, logits = target_features(target, ids)  # [B, L, H], [B, L, V]
+            losses.append(optimizer_step(opt, loss_of(ids, feats, logits), params, lr, step, steps, what))
+            bar.update(1)
+            if (step + 1) % 50 == 0:
+                say(f"{what}: step {step + 1}/{steps} loss {np.mean(losses[-50:]):.4f}")
+    return losses
+
+
 @dataclass
 class HeadsResult:
     """What :func:`train_heads` did: per-head acceptance before and after, the loss per step."""
@@ -370,22 +396,16 @@ def train_heads(target: torch.nn.Module, texts, *, tokenizer=None, n_heads: int 
 
     before = evaluate()
     say(f"heads: alpha before = {[round(a, 4) for a in before]}")
-    params = [p for p in heads.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    g_data, g_sample = gen(3, "cpu"), gen(4)
-    losses: list[float] = []
-    heads.train()
-    with progress_bar(steps, "heads", enabled=progress, unit="step") as bar:
-        for step in range(steps):
-            ids = training_windows(target, stream, batch_size, seq_len, self_distill, temperature, g_data, g_sample)
-            feats, logits = target_features(target, ids)  # [B, L, H], [B, L, V]
-            out = heads(feats.to(params[0].dtype))  # [B, L, n, V]
-            loss = torch.stack([divergence_loss(*head_targets(logits, out, i), divergence, temperature).mean()
-                                for i in range(heads.n_heads)]).mean()
-            losses.append(optimizer_step(opt, loss, params, lr, step, steps, "heads"))
-            bar.update(1)
-            if (step + 1) % 50 == 0:
-                say(f"heads: step {step + 1}/{steps} loss {np.mean(losses[-50:]):.4f}")
+    dtype = next(p for p in heads.parameters() if p.requires_grad).dtype
+
+    def loss_of(ids: torch.Tensor, feats: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        out = heads(feats.to(dtype))  # [B, L, n, V]
+        return torch.stack([divergence_loss(*head_targets(logits, out, i), divergence, temperature).mean()
+                            for i in range(heads.n_heads)]).mean()
+
+    losses = fit_on_target(heads, target, stream, gen, loss_of, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                           lr=lr, self_distill=self_distill, temperature=temperature, what="heads", say=say,
+                           progress=progress)
     after = evaluate()
     say(f"heads: alpha after = {[round(a, 4) for a in after]}")
     cfg = dict(n_heads=heads.n_heads, n_layers=heads.config["n_layers"], steps=steps, batch_size=batch_size,
