@@ -55,6 +55,7 @@ from .kv_cache import (
     cache_bytes_by_device,
     check_eval_mode,
     check_model,
+    execution_device,
     length_limits,
     model_vocab_size,
 )
@@ -305,7 +306,7 @@ class SpeculativeGenerator:
             reads, _, unit = self._structure(model)
             if reads:  # seq2seq_cache_bytes: linear in rows and in slots (self-attention + source)
                 b = None if unit is None else unit * n_rows * (capacity + spare + source)
-                per = {} if b is None else {next(model.parameters()).device: b}
+                per = {} if b is None else {execution_device(model): b}
             else:
                 per = cache_bytes_by_device(model, n_rows, capacity + spare)
             for dev, b in per.items():
@@ -557,7 +558,7 @@ class SpeculativeGenerator:
         transforms = Transforms(cfg, s.before, s.user, s.min_new_tokens, eos)
         stop = StopStrings(self.tokenizer, s.stop_strings).hook(tokens) if s.stop_strings else None
         on_device = (self.verify_on_device if self.verify_on_device is not None
-                     else next(self.target.parameters()).device.type == "cuda")
+                     else execution_device(self.target).type == "cuda")
         process = TextProcess(target=self._target_lm, draft=self.draft, tokens=tokens, cfg=transforms,
                               eos=eos, vocab=self.vocab, stop=stop, on_device=on_device,
                               encode=None if enc is None else self._encoders(enc))

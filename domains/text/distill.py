@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from speculate import theory
 
-from .kv_cache import model_vocab_size
+from .kv_cache import execution_device, model_vocab_size
 from .progress import progress_bar
 
 DIVERGENCES = ("tv", "fkl", "rkl", "jsd")
@@ -151,7 +151,7 @@ def sample_windows(stream: torch.Tensor, n: int, length: int,
 
 
 def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    dev = next(model.parameters()).device
+    dev = execution_device(model)
     return model(input_ids=ids.to(dev), use_cache=False).logits  # [B, L, V]
 
 
@@ -237,7 +237,7 @@ def sample_continuations(model: torch.nn.Module, prefix: torch.Tensor, n_new: in
 
     ``width`` limits sampling to ids ``< width`` (the ids the other model also has).
     """
-    dev = next(model.parameters()).device
+    dev = execution_device(model)
     ids = prefix.to(dev)
     # attention models return and take ``past_key_values``; state-space ones (Mamba) ``cache_params``
     name = "cache_params" if "cache_params" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -319,8 +319,8 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
     eval_stream = stream if eval_texts is None else token_stream(
         eval_texts, tokenizer if tokenizer is not None else draft_tokenizer)
     length = prefix_len + continuation_len
-    dev_d = next(draft.parameters()).device
-    dev_t = next(target.parameters()).device
+    dev_d = execution_device(draft)
+    dev_t = execution_device(target)
 
     def gen(device: torch.device, s: int) -> torch.Generator:
         return torch.Generator(device=device).manual_seed(s)

@@ -30,7 +30,9 @@ each with an ``encode`` step run once per row before the first round:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import re
 from typing import Any
 
@@ -299,6 +301,25 @@ def _layer_path(model: Any) -> list[str]:
     return min(found, key=lambda s: s.count(".")).split(".")
 
 
+def _rebind_hook(copied: torch.nn.Module) -> None:
+    """Point an accelerate hook's forward (``device_map``, offload) at ``copied`` instead of the
+    module it was copied from: the shallow copy's ``forward`` is otherwise the original's, which
+    would run all the target's layers instead of the copy's first few."""
+    hook = copied.__dict__.get("_hf_hook")
+    if hook is None or "forward" not in copied.__dict__:
+        return
+    inner = type(copied).forward.__get__(copied)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = hook.pre_forward(copied, *args, **kwargs)
+        with torch.no_grad() if getattr(hook, "no_grad", False) else contextlib.nullcontext():
+            out = inner(*args, **kwargs)
+        return hook.post_forward(copied, out)
+
+    copied.__dict__["_old_forward"] = inner
+    copied.__dict__["forward"] = functools.update_wrapper(forward, inner)  # keeps the signature
+
+
 def early_exit_model(target: Any, n_layers: int, path: list[str] | None = None) -> Any:
     """A causal LM made of ``target``'s first ``n_layers`` layers plus its final norm and head.
 
@@ -346,6 +367,7 @@ def early_exit_model(target: Any, n_layers: int, path: list[str] | None = None) 
     for mod in owners:
         c = copy.copy(mod)
         c._modules = dict(mod._modules)
+        _rebind_hook(c)
         if hasattr(mod, "config"):
             if mod is not target and mod.config is text_config(target.config):
                 c.config = text

@@ -42,7 +42,7 @@ from transformers import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from .attention_masks import LayerPlan, masks
-from .kv_cache import _RowLayer, _Slots, check_eval_mode, model_vocab_size
+from .kv_cache import _RowLayer, _Slots, check_eval_mode, execution_device, model_vocab_size
 
 __all__ = [
     "CachedSeq2Seq",
@@ -110,7 +110,7 @@ def encode(model: Any, inputs: dict[str, torch.Tensor]) -> EncoderState:
     """Run ``model``'s encoder once over the batch ``inputs`` (``input_ids`` and ``attention_mask``,
     or ``input_features``), on the encoder's device."""
     enc = model.get_encoder()
-    dev = next(enc.parameters()).device
+    dev = execution_device(enc)
     dtype = next(enc.parameters()).dtype
     kw = {k: (v.to(dev, dtype) if v.is_floating_point() else v.to(dev)) for k, v in inputs.items()}
     out = enc(**kw)
@@ -242,7 +242,7 @@ class CachedSeq2Seq:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return execution_device(self.model)
 
     def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
         """Empty caches for ``batch`` rows (whose encoder state is already set)."""
@@ -364,7 +364,7 @@ def _probe_encoder(model: Any, g: torch.Generator) -> tuple[EncoderState, dict[s
 
 def _full(model: Any, state: EncoderState, r: int, seq: torch.Tensor) -> torch.Tensor:
     """Logits ``[L, V]`` of decoder tokens ``seq`` for encoder row ``r``, by one uncached forward."""
-    dev = next(model.parameters()).device
+    dev = execution_device(model)
     hid = state.hidden[r : r + 1]
     if is_encoder_decoder(model):
         mask = None if state.mask is None else state.mask[r : r + 1]

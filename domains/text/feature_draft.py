@@ -46,12 +46,13 @@ from .heads import (
     fit_on_target,
     load_config,
     load_weights,
+    output_weight,
     save_module,
     target_features,
     target_summary,
     training_data,
 )
-from .kv_cache import text_config
+from .kv_cache import execution_device, text_config
 
 CONFIG_NAME, WEIGHTS_NAME = "feature_draft_config.json", "feature_draft.safetensors"
 
@@ -68,6 +69,8 @@ def rope_theta(config: Any) -> float:
 def frozen_call(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` with its parameters detached: gradients reach ``x``, never the target."""
     if not torch.is_grad_enabled():  # drafting: a plain call (functional_call costs more than the layer)
+        if "_hf_hook" in module.__dict__:  # device_map / offload: the hook brings the weights
+            return module(x)
         if type(module) is torch.nn.Linear:  # without the module-call overhead
             return F.linear(x, module.weight, module.bias)
         if type(module) is torch.nn.Embedding and module.max_norm is None:
@@ -253,7 +256,7 @@ class FeatureDraft(torch.nn.Module):
                   "intermediate_size": intermediate_size or getattr(cfg, "intermediate_size", 4 * H),
                   "rope_theta": rope_theta(cfg), "rms_norm_eps": float(getattr(cfg, "rms_norm_eps", 1e-6))}
         draft = cls(config, target.get_input_embeddings(), target.get_output_embeddings())
-        w = target.get_output_embeddings().weight
+        w = output_weight(target)
         return draft.to(device=w.device, dtype=w.dtype)
 
     def check_target(self, target: torch.nn.Module) -> None:
@@ -356,7 +359,7 @@ def train_feature_draft(target: torch.nn.Module, texts, *, tokenizer=None, steps
     draft = draft if draft is not None else FeatureDraft.for_target(target)
     draft.check_target(target)
     say, t0 = log or (lambda s: None), time.perf_counter()
-    dev = target.get_output_embeddings().weight.device
+    dev = execution_device(target.get_output_embeddings())
     start = seq_len // 2 - 1
 
     def evaluate() -> tuple[float, float]:

@@ -29,6 +29,7 @@ from speculate.verify import Tree
 
 from .feature_draft import FeatureDraft
 from .heads import MedusaHeads
+from .kv_cache import execution_device
 from .process import Drafted, DraftedTree, TokenBuffer
 from .processors import Transforms, as_transforms
 from .sampling import SamplingConfig, probabilities
@@ -83,7 +84,7 @@ class _FeatureReader:
             raise ValueError(f"the tree is {self.spec.depth} levels deep but the {what} drafts at most "
                              f"{max_depth} levels; use a shallower tree")
         self.max_depth = max_depth if max_depth is not None else (self.spec.depth if self.spec else 1 << 30)
-        self.device = next(target.parameters()).device
+        self.device = execution_device(target)
 
     def propose(self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray,
                 cfg: SamplingConfig | Transforms, rng: np.random.Generator, vocab: int) -> Drafted | DraftedTree:

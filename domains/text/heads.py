@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .distill import DIVERGENCES, divergence_loss, sample_continuations, sample_windows, token_stream
-from .kv_cache import check_eval_mode, model_vocab_size, text_config
+from .kv_cache import check_eval_mode, execution_device, model_vocab_size, text_config
 from .progress import progress_bar
 
 CONFIG_NAME, WEIGHTS_NAME = "heads_config.json", "heads.safetensors"
@@ -60,11 +60,26 @@ def target_features(target: torch.nn.Module, input_ids: torch.Tensor) -> tuple[t
     got: list[torch.Tensor] = []
     handle = target.get_output_embeddings().register_forward_pre_hook(lambda m, args: got.append(args[0]))
     try:
-        dev = target.get_input_embeddings().weight.device
+        dev = execution_device(target.get_input_embeddings())
         logits = target(input_ids=input_ids.to(dev), use_cache=False).logits  # [B, L, V]
     finally:
         handle.remove()
     return got[-1], logits
+
+
+@torch.no_grad()
+def output_weight(target: torch.nn.Module) -> torch.Tensor:
+    """The target's output embedding weight ``[V, H]`` where the head computes. A head offloaded
+    with a ``device_map`` (its weight on ``meta`` between calls) is read through its own forward:
+    ``head(I) - head(0)`` is the weight's transpose, bias or not."""
+    head = target.get_output_embeddings()
+    w = head.weight
+    if w.device.type != "meta":
+        return w
+    H = int(w.shape[1])
+    x = torch.cat([torch.eye(H, dtype=w.dtype), torch.zeros(1, H, dtype=w.dtype)])  # [H + 1, H]
+    out = head(x.to(execution_device(head)))  # [H + 1, V]
+    return (out[:H] - out[H:]).T.contiguous()
 
 
 def target_summary(target: torch.nn.Module) -> dict[str, Any]:
@@ -114,7 +129,7 @@ def load_weights(module: torch.nn.Module, folder: str | os.PathLike[str], weight
     from safetensors.torch import load_file
 
     module.load_state_dict(load_file(Path(folder) / weights_name))
-    w = target.get_output_embeddings().weight
+    w = output_weight(target)
     return module.to(device=w.device, dtype=w.dtype).eval()
 
 
@@ -194,7 +209,7 @@ class MedusaHeads(torch.nn.Module):
         if n_heads < 1 or n_layers < 0:
             raise ValueError(f"need n_heads >= 1 and n_layers >= 0, got {n_heads}, {n_layers}")
         heads = cls({**target_summary(target), "n_heads": n_heads, "n_layers": n_layers})
-        w = target.get_output_embeddings().weight  # [V, H]
+        w = output_weight(target)  # [V, H]
         heads.to(device=w.device, dtype=w.dtype)
         with torch.no_grad():
             for head in heads.heads:
@@ -320,7 +335,7 @@ def training_data(target: torch.nn.Module, texts: Any, tokenizer: Any, eval_text
     check_eval_mode(target, "target")
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
-    gen = seeded(rng, target.get_output_embeddings().weight.device)
+    gen = seeded(rng, execution_device(target.get_output_embeddings()))
     stream = token_stream(texts, tokenizer)
     eval_stream = stream if eval_texts is None else token_stream(eval_texts, tokenizer)
     eval_ids = training_windows(target, eval_stream, eval_batch, seq_len, True, temperature, gen(1, "cpu"), gen(2))

@@ -141,8 +141,25 @@ def model_vocab_size(model: Any) -> int:
     return int(text_config(model.config).vocab_size)
 
 
-def _model_device(model: Any) -> torch.device:
-    return next(model.parameters()).device
+def execution_device(module: Any) -> torch.device:
+    """Where ``module`` computes (and its inputs and caches go): its first parameter's device, or
+    for a model loaded with a ``device_map`` (accelerate hooks; weights offloaded to the CPU or
+    disk sit on ``meta`` between calls) the execution device of its first hook.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> cfg = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+    ...                   num_attention_heads=2)
+    >>> execution_device(LlamaForCausalLM(cfg))
+    device(type='cpu')
+    """
+    first = next(module.parameters(), None)
+    if first is not None and first.device.type != "meta" and "hf_device_map" not in module.__dict__:
+        return first.device
+    for m in module.modules():
+        dev = getattr(m.__dict__.get("_hf_hook"), "execution_device", None)
+        if dev is not None:
+            return torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+    return next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
 
 
 def max_positions(model: Any) -> int | None:
@@ -197,10 +214,9 @@ def layer_devices(model: Any) -> list[torch.device]:
              if isinstance(mod, torch.nn.ModuleList) and len(mod) == n and name]
     if found:
         _, layers = min(found, key=lambda nm: nm[0].count("."))
-        first = [next(iter(layer.parameters()), None) for layer in layers]
-        if all(p is not None for p in first):
-            return [p.device for p in first]
-    return [_model_device(model)] * n
+        if all(next(iter(layer.parameters()), None) is not None for layer in layers):
+            return [execution_device(layer) for layer in layers]
+    return [execution_device(model)] * n
 
 
 def cache_bytes_by_device(model: Any, batch: int, capacity: int) -> dict[torch.device, int]:
@@ -351,7 +367,7 @@ class CachedModel:
 
     @property
     def device(self) -> torch.device:
-        return _model_device(self.model)
+        return execution_device(self.model)
 
     def tree_refusal(self) -> str | None:
         """Why this model cannot score a token tree in one forward, or None when it can.
@@ -571,7 +587,7 @@ def _probe(model: Any) -> str | None:
     except ValueError as e:  # a family the cache cannot serve: its own reason
         return str(e)
     V = model_vocab_size(model)
-    dev = _model_device(model)
+    dev = execution_device(model)
     g = torch.Generator().manual_seed(0)
     a, b, alt = (torch.randint(0, V, (n,), generator=g) for n in (10, 8, 2))
     a_alt = torch.cat([a[:5], alt])  # row 0 feeds alt after a[:5], then rolls back to a[:5]

@@ -12,7 +12,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["SlotCache"]
+__all__ = ["SlotCache", "plain_weights"]
+
+
+def plain_weights(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s weights all sit, materialised, on one device with nothing moving them:
+    no ``meta`` tensor and no accelerate hook (``device_map``, CPU or disk offload), so a loop may
+    read them directly. A model loaded with a ``device_map`` runs through its own forward instead,
+    whose hooks bring each layer's weights and inputs where that layer executes."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1 or torch.device("meta") in devices:
+        return False
+    return not any("_hf_hook" in m.__dict__ for m in model.modules())
 
 
 class SlotCache:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .kv_cache import CachedModel
-from .lean_cache import SlotCache
+from .lean_cache import SlotCache, plain_weights
 
 __all__ = ["LeanLlama", "lean_model", "supports"]
 
@@ -43,7 +43,7 @@ def supports(model: Any) -> bool:
 
     if type(model) is not LlamaForCausalLM or model.training:
         return False
-    if len({p.device for p in model.parameters()}) > 1:  # spread over devices: the general cache
+    if not plain_weights(model):  # spread over devices or offloaded: the general cache
         return False
     cfg = model.config
     impl = getattr(cfg, "_attn_implementation", "eager") or "eager"

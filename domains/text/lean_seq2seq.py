@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .encoder_decoder import CachedSeq2Seq, EncoderState, _decoder, _probe
-from .lean_cache import SlotCache
+from .lean_cache import SlotCache, plain_weights
 
 __all__ = ["LeanSeq2Seq", "lean_seq2seq", "supports"]
 
@@ -60,7 +60,7 @@ def supports(model: Any) -> bool:
     device). Subclasses are not assumed to keep the forward."""
     if type(model) not in _kinds() or model.training:
         return False
-    if len({p.device for p in model.parameters()}) > 1:  # spread over devices: the general cache
+    if not plain_weights(model):  # spread over devices or offloaded: the general cache
         return False
     impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
     return impl in ("sdpa", "eager")

@@ -243,12 +243,13 @@ def transcribe(model: Any, audio: Any, sampling_rate: int = SAMPLING_RATE, *, ma
     gen_cls = None
     try:
         from .api import SpeculativeGenerator as gen_cls
+        from .kv_cache import execution_device
     except ImportError:  # pragma: no cover
         pass
     for i in range(0, len(waves), step):
         x = feats[i:i + step]
         if gen_cls is not None and isinstance(model, gen_cls):
-            dev = next(model.target.parameters()).device
+            dev = execution_device(model.target)
             dt = next(model.target.parameters()).dtype
             out = model.generate(input_features=x.to(dev, dt), max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
