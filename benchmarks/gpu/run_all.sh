@@ -8,7 +8,7 @@
 #   2. pytest -m gpu (CUDA tests: half precision, drafts on other devices, device_map, the lean
 #      encoder-decoder loop, verification on the device) -> $OUT/gpu_tests.log
 #   3. the embedded text pair in bf16, batch 1 / 8 / 32 / 64: plain, assisted generation, ours
-#      (chains verified on the device) -> $OUT/text_generate_cuda.{json,md}
+#      (chains verified on the device; and with cuda_graphs=True) -> $OUT/text_generate_cuda.{json,md}
 #   4. physics (Lennard-Jones) and RL rollouts with --device cuda, when their packages are there.
 # $OUT defaults to benchmarks/results (the device tool sets its own $OUT and brings it back).
 set -uo pipefail
@@ -25,7 +25,7 @@ $PY -c "import torch, transformers, numba; print('torch', torch.__version__, 'tr
 status=0
 timeout 420 $PY -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1
 timeout 480 $PY benchmarks/text/bench_generate.py --device cuda --dtype bfloat16 --batch 1 8 32 64 --sweep 0 \
-    --early-exit 0 --out "$OUT/text_generate_cuda" 2>&1 | tail -30 || status=1
+    --cuda-graphs --early-exit 0 --out "$OUT/text_generate_cuda" 2>&1 | tail -30 || status=1
 if $PY -c "import gymnasium" 2>/dev/null; then
     timeout 180 $PY benchmarks/rl/bench_rollouts.py --device cuda 2>&1 | tail -12 || status=1
 fi

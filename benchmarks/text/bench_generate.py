@@ -97,7 +97,7 @@ def batch(rows: list[list[int]], pad: int, device: str):
 
 
 def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch_size: int,
-                 early_exit: int = 0):
+                 early_exit: int = 0, cuda_graphs: bool = False):
     """name -> function(list of prompt rows, seed) -> (new tokens, stats or None).
 
     With ``early_exit`` > 0 (batch 1), also the draft-free variants: transformers' prompt lookup
@@ -106,6 +106,8 @@ def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch
     gens = {rule: SpeculativeGenerator(target, draft, lookahead=k, verify=rule)
             for rule in ("token", "block")}
     gens["auto"] = SpeculativeGenerator(target, draft, lookahead="auto", verify="block")
+    if cuda_graphs:  # static steps (CUDA graphs on a GPU) for the target and the draft
+        gens["graphs"] = SpeculativeGenerator(target, draft, lookahead=k, verify="block", cuda_graphs=True)
     if early_exit:
         gens["ngram"] = SpeculativeGenerator(target, "ngram", lookahead=k, verify="block")
         gens["early-exit"] = SpeculativeGenerator(target, f"early-exit:{early_exit}",
@@ -137,6 +139,8 @@ def make_methods(target, draft, k: int, n_new: int, pad: int, device: str, batch
     methods["ours-token"] = ours("token")
     methods["ours-block"] = ours("block")
     methods["ours-block-auto"] = ours("auto")
+    if cuda_graphs:
+        methods["ours-block-graphs"] = ours("graphs")
     if early_exit and batch_size == 1:
         methods["hf-prompt-lookup"] = hf({"prompt_lookup_num_tokens": k})
         methods["ours-ngram"] = ours("ngram")
@@ -199,7 +203,7 @@ def interleaved(methods: dict, groups: list, repeats: int, label: str) -> tuple[
 def run_setting(target, draft, all_prompts, batch_size, args, pad) -> dict:
     k, n_new = args.lookahead, args.new_tokens
     methods = make_methods(target, draft, k, n_new, pad, args.device, batch_size,
-                           early_exit=args.early_exit)
+                           early_exit=args.early_exit, cuda_graphs=args.cuda_graphs)
     groups = [all_prompts[i : i + batch_size] for i in range(0, len(all_prompts), batch_size)]
     refused = warm_up(methods, groups[0])  # warm-up at this batch size (allocations, first calls)
     names = list(methods)
@@ -444,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--early-exit", type=int, default=3,
                     help="batch 1 also runs n-gram and early-exit:N drafts (0: skip)")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="also ours with cuda_graphs=True (static steps; CUDA graphs on a GPU)")
     ap.add_argument("--sweep", type=int, default=8, help="also sweep k = 1..SWEEP at batch 1 (0: skip)")
     ap.add_argument("--sweep-prompts", type=int, default=4)
     ap.add_argument("--sweep-repeats", type=int, default=2)

@@ -34,7 +34,7 @@ from speculate.rounds import Round, rounds
 from speculate.stats import Stats
 from speculate.verify import RULES
 
-from .drafts import ModelDraft, make_draft
+from .drafts import ModelDraft, NgramDraft, make_draft
 from .encoder_decoder import (
     CachedSeq2Seq,
     check_seq2seq,
@@ -59,6 +59,7 @@ from .kv_cache import (
     length_limits,
     model_vocab_size,
 )
+from .lean_llama import LeanLlama, static_target, supports
 from .lean_seq2seq import LeanSeq2Seq, lean_seq2seq
 from .process import TextProcess, TokenBuffer
 from .processors import Transforms
@@ -183,7 +184,11 @@ class SpeculativeGenerator:
     eval mode (``.eval()``). ``verify_on_device``: draft and verify chains where the logits are
     (``speculate.verify.device``: no copy of the probabilities to the host, one transfer of counts
     per round); ``None`` (default) does so when the target is on a CUDA device; ``True`` forces it
-    (on the CPU too: the same law, without the Numba kernels).
+    (on the CPU too: the same law, without the Numba kernels). ``cuda_graphs``: run Llama-architecture
+    drafts, and a Llama target drafted by a model, ``"early-exit:N"`` or ``"ngram"``, in static
+    steps over preallocated caches (``cuda_graphs.py``), recorded as CUDA graphs on a GPU and run
+    eagerly on a CPU; :attr:`static_models` says which models do (a target whose static step fails
+    the cache check keeps the general cache).
 
     Encoder-decoder targets (``AutoModelForSeq2SeqLM``: T5, BART, mBART, Marian, ...; Whisper) take
     as ``draft`` another encoder-decoder with the same vocabulary, a decoder that reads the target's
@@ -195,7 +200,7 @@ class SpeculativeGenerator:
     def __init__(self, target: Any, draft: Any, lookahead: int | str = 4, verify: str = "block",
                  *, cost_ratio: float | None = None, tokenizer: Any = None,
                  draft_tokenizer: Any = None, max_lookahead: int = 16, tree: Any = None,
-                 verify_on_device: bool | None = None) -> None:
+                 verify_on_device: bool | None = None, cuda_graphs: bool = False) -> None:
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
         if not isinstance(verify, str) or verify not in RULES:
@@ -221,7 +226,7 @@ class SpeculativeGenerator:
         if isinstance(draft, torch.nn.Module) and not on_target:
             check_vocabularies(target, draft, tokenizer, draft_tokenizer)
         self.target = target
-        self._target_lm: CachedModel | CachedSeq2Seq | LeanSeq2Seq = (
+        self._target_lm: CachedModel | CachedSeq2Seq | LeanSeq2Seq | LeanLlama = (
             lean_seq2seq(target) if self.seq2seq else CachedModel(target))
         if on_target or tree is not None:
             self.draft = self._on_target_draft(draft, tree)
@@ -241,6 +246,23 @@ class SpeculativeGenerator:
         if verify_on_device not in (None, True, False):
             raise ValueError(f"verify_on_device must be None, True or False, got {verify_on_device!r}")
         self.verify_on_device = verify_on_device
+        if cuda_graphs not in (True, False):
+            raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
+        self.static_models: tuple[str, ...] = self._use_static() if cuda_graphs else ()
+
+    def _use_static(self) -> tuple[str, ...]:
+        """Switch the Llama-architecture models to static steps; the roles that run them."""
+        roles = []
+        lm = getattr(self.draft, "lm", None)
+        if isinstance(lm, LeanLlama):
+            lm.use_static()
+            roles.append("draft")
+        if not self.seq2seq and isinstance(self.draft, (ModelDraft, NgramDraft)) and supports(self.target):
+            target_lm = static_target(self.target)
+            if target_lm is not None:
+                self._target_lm = target_lm
+                roles.insert(0, "target")
+        return tuple(roles)
 
     def _on_target_draft(self, draft: Any, tree: Any) -> MedusaDraft | EagleDraft:
         """The draft for Medusa heads or a feature draft (``tree``: chains, or a token tree)."""

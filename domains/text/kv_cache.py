@@ -577,7 +577,11 @@ def check_model(model: Any, role: str = "model") -> None:
         raise ValueError(seen[1])
 
 
-def _probe(model: Any) -> str | None:
+def _probe(model: Any, make: Any = None) -> str | None:
+    """Why ``model`` cannot decode in ``make(model)`` (default :class:`CachedModel`; ``LeanLlama``
+    with static steps for a target), or None: logits of ragged rows, a rollback and one row, each
+    compared with the model's own uncached forward."""
+    make = make or CachedModel
     name = type(model).__name__
     n_pos = max_positions(model)
     if n_pos is not None and n_pos < 12:
@@ -594,7 +598,7 @@ def _probe(model: Any) -> str | None:
     full = [a, b, a_alt]
     try:
         with _probe_window(model):
-            lm = CachedModel(model)
+            lm = make(model)
             lm.reset(batch=2, capacity=12)
             # prefill 4 and 2 tokens (row 1's last two columns pad the block), then a ragged block of 3
             lm.forward(torch.stack([a[:4], torch.cat([b[:2], b[:2]])]), np.array([0, 0]),
@@ -604,7 +608,7 @@ def _probe(model: Any) -> str | None:
             lm.keep(np.array([1, 3]))  # row 0 keeps a[4] only: both rows at slot 5
             y = lm.forward(torch.stack([a[5:8], b[5:8]]), np.array([5, 5])).float().cpu()
             # one row: blocks of 1 and 2 tokens from a common start (the model's own causal mask)
-            one = CachedModel(model)
+            one = make(model)
             one.reset(batch=1, capacity=12)
             one.forward(a[None, :4], np.array([0]))
             one.keep(np.array([4]))

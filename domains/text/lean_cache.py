@@ -73,8 +73,8 @@ class SlotCache:
         self.length = np.zeros(0, np.int64)
 
     def ensure_capacity(self, capacity: int) -> None:
-        if capacity > self.capacity:
-            self._alloc(len(self.length), max(capacity, 2 * self.capacity))
+        if capacity > self.capacity:  # all the rows the buffers hold (static steps may hold more)
+            self._alloc(self.k[0].shape[0] if self.k else len(self.length), max(capacity, 2 * self.capacity))
 
     def keep(self, n: np.ndarray) -> None:
         """Commit ``n[r]`` more tokens of row ``r`` (as ``CachedModel.keep``)."""

@@ -31,10 +31,14 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from .kv_cache import CachedModel
+from .cuda_graphs import StepGraphs
+from .kv_cache import CachedModel, _probe
 from .lean_cache import SlotCache, plain_weights
 
-__all__ = ["LeanLlama", "lean_model", "supports"]
+__all__ = ["STATIC_SLOTS", "STATIC_WIDTH", "LeanLlama", "lean_model", "static_target", "supports"]
+
+STATIC_WIDTH = 16  #: the widest block a static step runs (wider ones, prefills, run the dynamic forward)
+STATIC_SLOTS = 128  #: static buffers' capacity is a multiple of this
 
 
 def supports(model: Any) -> bool:
@@ -48,6 +52,28 @@ def supports(model: Any) -> bool:
     cfg = model.config
     impl = getattr(cfg, "_attn_implementation", "eager") or "eager"
     return impl in ("sdpa", "eager") and getattr(cfg, "pretraining_tp", 1) == 1
+
+
+def static_target(model: Any) -> LeanLlama | None:
+    """A :class:`LeanLlama` with static steps for a supported target whose logits it reproduces on
+    the cache check (ragged rows, a rollback, one row), else None. Checked once per model, dtype
+    and device."""
+    if not supports(model):
+        return None
+    p = next(model.parameters())
+    key = ("static", p.dtype, p.device, model.config._attn_implementation)
+    seen = model.__dict__.get("_speculate_static_check")
+    if seen is None or seen[0] != key:
+        with torch.inference_mode():
+            seen = (key, _probe(model, _static))
+        model.__dict__["_speculate_static_check"] = seen
+    return _static(model) if seen[1] is None else None
+
+
+def _static(model: Any) -> LeanLlama:
+    lm = LeanLlama(model)
+    lm.use_static()
+    return lm
 
 
 def lean_model(model: Any) -> Any:
@@ -76,6 +102,7 @@ class LeanLlama(SlotCache):
         self.n_cache_layers, self.kv_heads = len(self.layers), self.n_kv
         p = next(model.parameters())
         self.dtype, self.device_ = p.dtype, p.device
+        self.graphs: StepGraphs | None = None  # static steps (use_static)
         self._init_slots()
 
     def _alloc(self, batch: int, capacity: int) -> None:
@@ -88,17 +115,40 @@ class LeanLlama(SlotCache):
 
     def reset(self, batch: int, capacity: int, spare: int = 0) -> None:
         """Empty caches for ``batch`` rows of up to ``capacity`` tokens each plus ``spare`` slots (as
-        ``CachedModel.reset``), in the model's current dtype and device: it may have moved since."""
+        ``CachedModel.reset``), in the model's current dtype and device: it may have moved since.
+        Static steps (:meth:`use_static`) keep buffers of the same shape (stale slots are masked,
+        never read), so graphs recorded for them replay in the next generation too."""
         p = next(self.model.parameters())
+        need = capacity + spare
+        if self.graphs is not None:
+            need = -(-need // STATIC_SLOTS) * STATIC_SLOTS  # fewer distinct shapes, fewer recordings
+            if (self.k and self.k[0].shape[0] == batch and self.capacity == need
+                    and (self.dtype, self.device_) == (p.dtype, p.device)):
+                self.length = np.zeros(batch, np.int64)
+                return
         self.dtype, self.device_ = p.dtype, p.device
-        self._reset_slots(batch, capacity + spare)
+        self._reset_slots(batch, need)
+
+    def use_static(self, on: bool = True, capture: bool | None = None) -> None:
+        """Run blocks of up to :data:`STATIC_WIDTH` tokens as static steps (:meth:`_step`), recorded
+        as CUDA graphs on a GPU (``capture`` None) or run eagerly (``capture`` False; the CPU)."""
+        self.graphs = StepGraphs(self._step, self.device_, capture) if on else None
+        self.k, self.v, self.capacity = [], [], 0  # the next reset allocates for static steps
 
     def release(self) -> None:
-        self._release_slots()
+        if self.graphs is None:  # static steps keep their buffers for the next generation
+            self._release_slots()
 
     def select(self, keep: np.ndarray) -> None:
-        """Keep only the rows ``keep`` (local indices, increasing)."""
-        self._select_slots(keep)
+        """Keep only the rows ``keep`` (local indices, increasing). Static steps move the kept rows
+        to the front of the same buffers (recorded graphs read them there)."""
+        if self.graphs is None:
+            self._select_slots(keep)
+            return
+        idx = torch.as_tensor(keep, dtype=torch.long, device=self.device_)
+        for t in (*self.k, *self.v):
+            t[: len(keep)] = t.index_select(0, idx)
+        self.length = self.length[keep]
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: np.ndarray, last_only: bool = False,
@@ -113,15 +163,56 @@ class LeanLlama(SlotCache):
             self.ensure_capacity(top)
         dev = self.device_
         pos = torch.as_tensor(start, device=dev)[:, None] + torch.arange(W, device=dev)[None, :]  # [R, W]
+        if self.graphs is not None and W <= STATIC_WIDTH:
+            out = self.graphs(tokens.to(dev), pos, self.k[0].shape[0], (self.k[0].data_ptr(), self.capacity))
+            return out[:, -1:] if last_only else out
         uniform = bool((start == start[0]).all())
         if uniform and W == 1:
             mask = None  # one new token per row, all at the same slot: it sees every slot < top
         else:
             keys = torch.arange(top, device=dev)
             mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, top]
-        x = F.embedding(tokens.to(dev), self.core.embed_tokens.weight)  # [R, W, D]
-        cos, sin = self._cos[pos], self._sin[pos]  # [R, W, head_dim] each
         rows = torch.arange(R, device=dev)[:, None]  # [R, 1]
+        s0 = int(start[0])
+
+        every = self.k[0].shape[0] == R  # static steps' buffers may hold more rows than are live
+
+        def cache(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            Kb, Vb = (self.k[i], self.v[i]) if every else (self.k[i][:R], self.v[i][:R])
+            if uniform:  # write slots start .. start+W-1 of every row
+                Kb[:, :, s0 : s0 + W] = k
+                Vb[:, :, s0 : s0 + W] = v
+            else:  # per-row slots: [R, Hkv, W, hd] scattered at pos
+                Kb[rows, :, pos] = k.transpose(1, 2)
+                Vb[rows, :, pos] = v.transpose(1, 2)
+            return Kb[:, :, :top], Vb[:, :, :top]  # [R, Hkv, top, hd]
+
+        return self._run(tokens.to(dev), pos, mask, cache, last_only)
+
+    def _step(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The static step: logits ``[b, W, V]`` of ``tokens`` ``[b, W]`` at positions ``pos`` ``[b, W]``
+        for the first ``b`` buffer rows, attending over every slot through a mask (slot <= position):
+        fixed shapes and addresses, no host synchronisation (what a CUDA graph records)."""
+        b = tokens.shape[0]
+        slots = torch.arange(self.capacity, device=pos.device)
+        mask = slots[None, None, None, :] <= pos[:, None, :, None]  # [b, 1, W, C]
+        rows = torch.arange(b, device=pos.device)[:, None]  # [b, 1]
+
+        def cache(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            Kb, Vb = self.k[i][:b], self.v[i][:b]  # [b, Hkv, C, hd]: views of the buffers
+            Kb[rows, :, pos] = k.transpose(1, 2)
+            Vb[rows, :, pos] = v.transpose(1, 2)
+            return Kb, Vb
+
+        return self._run(tokens, pos, mask, cache, False)
+
+    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, cache: Any,
+             last_only: bool) -> torch.Tensor:
+        """The layers on ``tokens`` ``[R, W]`` at ``pos``; ``cache(i, k, v)`` writes layer ``i``'s new
+        keys and values and returns the keys and values to attend to."""
+        R, W = tokens.shape
+        x = F.embedding(tokens, self.core.embed_tokens.weight)  # [R, W, D]
+        cos, sin = self._cos[pos], self._sin[pos]  # [R, W, head_dim] each
         nq = self.n_heads * self.head_dim
         for i, layer in enumerate(self.layers):  # the modules' live weights: in-place training and dtype moves show
             attn, mlp, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
@@ -130,14 +221,7 @@ class LeanLlama(SlotCache):
             k = _linear(h, attn.k_proj).view(R, W, self.n_kv, self.head_dim).transpose(1, 2)  # [R, Hkv, W, hd]
             v = _linear(h, attn.v_proj).view(R, W, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            if uniform:  # write slots start .. start+W-1 of every row
-                s0 = int(start[0])
-                self.k[i][:, :, s0 : s0 + W] = k
-                self.v[i][:, :, s0 : s0 + W] = v
-            else:  # per-row slots: [R, Hkv, W, hd] scattered at pos
-                self.k[i][rows, :, pos] = k.transpose(1, 2)
-                self.v[i][rows, :, pos] = v.transpose(1, 2)
-            K, V = self.k[i][:, :, :top], self.v[i][:, :, :top]  # [R, Hkv, top, hd]
+            K, V = cache(i, k, v)  # [R, Hkv, slots, hd]
             a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=self.n_kv != self.n_heads)  # [R, H, W, hd]
             x = x + _linear(a.transpose(1, 2).reshape(R, W, nq), attn.o_proj)
