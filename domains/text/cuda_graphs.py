@@ -83,7 +83,7 @@ class StepGraphs:
             entry[1].copy_(tokens)
             entry[2].copy_(pos)
             entry[0].replay()
-        return entry[3][:R]
+        return entry[3][:R].clone()  # the next replay overwrites the recorded output; callers keep theirs
 
     def _record(self, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Warm up on a side stream with the real inputs (the step runs once, writing the same keys
