@@ -116,8 +116,11 @@ def draw(w: Tensor, u: Tensor) -> Tensor:
 
 
 def _tiny(dtype: torch.dtype) -> float:
-    """Residual mass below which p and q are equal up to rounding (``_inverse_cdf.tiny_for``)."""
-    return 4.0 * float(torch.finfo(dtype).eps)
+    """Residual mass below which p and q are equal up to rounding: ``_inverse_cdf.tiny_for`` of the
+    type the Numba kernels compute in (float32 stays float32; every other type becomes float64)."""
+    from .._inverse_cdf import tiny_for
+
+    return tiny_for(np.float32 if dtype == torch.float32 else np.float64)
 
 
 def _leading(keep: Tensor) -> Tensor:
@@ -150,14 +153,19 @@ def _drafts_ok(valid: Tensor, inside: Tensor, px: Tensor, qx: Tensor, read: Tens
     return ~(valid & read & ~good).any(dim=1)
 
 
-def _next(p_row: Tensor, resid: Tensor, use_p: Tensor, u: Tensor, tiny: float) -> tuple[Tensor, Tensor]:
+def _next(p_row: Tensor, q_row: Tensor, resid: Tensor, use_p: Tensor, u: Tensor,
+          tiny: float) -> tuple[Tensor, Tensor]:
     """The next outcome per row: from ``p_row`` where ``use_p``, else from the residual weights
-    ``resid`` (from ``p_row`` when their mass is <= ``tiny``); and whether the row drawn was usable."""
+    ``resid`` (from ``p_row`` when their mass is <= ``tiny``); and whether the row drawn was usable,
+    as ``_inverse_cdf.draw_residual`` judges it: a residual that is not finite, and a residual draw
+    whose outcome has q < 0 (mass that comes from a negative q, not from p), are bad; ``q_row`` of a
+    row that draws from ``p_row`` is never read."""
     total = resid.sum(dim=-1)
     from_p = use_p | (total <= tiny)
     w = torch.where(from_p[:, None], p_row, resid)
-    ok = torch.isfinite(total) & (w.sum(dim=-1) > 0) & torch.where(from_p, _usable(p_row), True)
-    return draw(torch.where(ok[:, None], w, torch.ones_like(w)), u), ok
+    ok = (use_p | torch.isfinite(total)) & (w.sum(dim=-1) > 0) & torch.where(from_p, _usable(p_row), True)
+    nxt = draw(torch.where(ok[:, None], w, torch.ones_like(w)), u)
+    return nxt, ok & (from_p | (q_row.gather(-1, nxt[:, None])[:, 0] >= 0))
 
 
 def token_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u_accept: Tensor,
@@ -174,7 +182,7 @@ def token_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
     p_row = p[ar, n].double()  # [B, V]
     q_row = q[ar, n.clamp(max=max(K - 1, 0))].double() if K else torch.zeros_like(p_row)
     resid = (p_row - q_row).clamp(min=0)  # norm(max(p - q, 0)); NaN stays NaN
-    nxt, ok = _next(p_row, resid, n == lengths, u_next.to(dev, torch.float64), tiny)
+    nxt, ok = _next(p_row, q_row, resid, n == lengths, u_next.to(dev, torch.float64), tiny)
     return n, nxt, ok & _drafts_ok(valid, inside, px, qx, read) & (lengths >= 0) & (lengths <= K)
 
 
@@ -208,7 +216,7 @@ def block_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
     p_row = p[ar, tau].double()
     q_row = q[ar, tau.clamp(max=max(K - 1, 0))].double() if K else torch.zeros_like(p_row)
     resid = (P[ar, tau][:, None] * p_row - q_row).clamp(min=0)
-    nxt, ok = _next(p_row, resid, tau == lengths, u_next.to(dev, torch.float64), tiny)
+    nxt, ok = _next(p_row, q_row, resid, tau == lengths, u_next.to(dev, torch.float64), tiny)
     read = torch.ones_like(valid)  # the rule reads every draft of the block
     used = (i >= tau[:, None]) & (i < lengths[:, None]) & (Pi > 0) & (Pi < 1)  # where the scan computed R_i
     R_ok = ~(used & ~torch.isfinite(R)).any(dim=1)
