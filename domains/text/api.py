@@ -59,7 +59,7 @@ from .kv_cache import (
     length_limits,
     model_vocab_size,
 )
-from .lean_llama import LeanLlama, static_target, supports
+from .lean_llama import LeanLlama, static_target
 from .lean_seq2seq import LeanSeq2Seq, lean_seq2seq
 from .process import TextProcess, TokenBuffer
 from .processors import Transforms
@@ -257,7 +257,7 @@ class SpeculativeGenerator:
         if isinstance(lm, LeanLlama):
             lm.use_static()
             roles.append("draft")
-        if not self.seq2seq and isinstance(self.draft, (ModelDraft, NgramDraft)) and supports(self.target):
+        if not self.seq2seq and isinstance(self.draft, (ModelDraft, NgramDraft)):
             target_lm = static_target(self.target)
             if target_lm is not None:
                 self._target_lm = target_lm

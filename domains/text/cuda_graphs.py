@@ -46,8 +46,8 @@ class StepGraphs:
     """Replays of a static step ``step(tokens [b, W], pos [b, W]) -> logits [b, W, V]`` by bucket.
 
     ``capture``: record CUDA graphs (the default on a CUDA device); False runs the padded step
-    eagerly (CPU, or to compare). ``key``: what the buffers' identity is (their data pointer and
-    capacity); graphs recorded under another key are dropped.
+    eagerly (CPU, or to compare). ``key``: the buffers' identity (an allocation counter: a data
+    pointer could come back for new buffers); graphs recorded under another key are dropped.
     """
 
     def __init__(self, step: Step, device: torch.device, capture: bool | None = None) -> None:

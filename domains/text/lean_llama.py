@@ -103,11 +103,13 @@ class LeanLlama(SlotCache):
         p = next(model.parameters())
         self.dtype, self.device_ = p.dtype, p.device
         self.graphs: StepGraphs | None = None  # static steps (use_static)
+        self._epoch = 0  # counts allocations (a freed buffer's address may come back for a new one)
         self._init_slots()
 
     def _alloc(self, batch: int, capacity: int) -> None:
         # rotary tables for slots 0 .. capacity-1, from the model's own rotary embedding (each entry is
         # inv_freq * position, so a table lookup gives the same numbers as computing it per call)
+        self._epoch += 1  # new buffers and tables: graphs recorded on the old ones must not replay
         probe = torch.zeros(1, dtype=self.dtype, device=self.device_)
         cos, sin = self.core.rotary_emb(probe, torch.arange(capacity, device=self.device_)[None])
         self._cos, self._sin = cos[0], sin[0]  # [capacity, head_dim]
@@ -164,7 +166,7 @@ class LeanLlama(SlotCache):
         dev = self.device_
         pos = torch.as_tensor(start, device=dev)[:, None] + torch.arange(W, device=dev)[None, :]  # [R, W]
         if self.graphs is not None and W <= STATIC_WIDTH:
-            out = self.graphs(tokens.to(dev), pos, self.k[0].shape[0], (self.k[0].data_ptr(), self.capacity))
+            out = self.graphs(tokens.to(dev), pos, self.k[0].shape[0], self._epoch)
             return out[:, -1:] if last_only else out
         uniform = bool((start == start[0]).all())
         if uniform and W == 1:
@@ -172,7 +174,7 @@ class LeanLlama(SlotCache):
         else:
             keys = torch.arange(top, device=dev)
             mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, top]
-        rows = torch.arange(R, device=dev)[:, None]  # [R, 1]
+        rows = None if uniform else torch.arange(R, device=dev)[:, None]  # [R, 1]
         s0 = int(start[0])
 
         every = self.k[0].shape[0] == R  # static steps' buffers may hold more rows than are live

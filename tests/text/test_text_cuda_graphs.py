@@ -63,11 +63,20 @@ def test_static_steps_give_the_dynamic_loops_logits_through_rollbacks_and_droppe
         both(torch.randint(0, 12, (3, 2), generator=g), start)
         for lm in (dyn, st):
             lm.keep(np.array([2, 1, 2]))
-    buffers = st.k[0].data_ptr()
+    both(torch.randint(0, 12, (3, 20), generator=g), dyn.length.copy())  # wider than a static step:
+    # the dynamic forward, on buffers that hold more rows than are live
+    for lm in (dyn, st):
+        lm.keep(np.array([20, 20, 20]))
+    both(torch.randint(0, 12, (3, 2), generator=g), dyn.length.copy())
+    buffers, key = st.k[0].data_ptr(), st.graphs.key
     for lm in (dyn, st):  # the next generation: same shape, the same buffers (recorded graphs stay valid)
         lm.reset(5, 30)
-    assert st.k[0].data_ptr() == buffers
     both(torch.randint(0, 12, (5, 3), generator=g), np.zeros(5, np.int64))
+    assert st.k[0].data_ptr() == buffers and st.graphs.key == key
+    for lm in (dyn, st):  # another batch: new buffers, so graphs recorded on the old ones are dropped
+        lm.reset(3, 30)
+    both(torch.randint(0, 12, (3, 3), generator=g), np.zeros(3, np.int64))
+    assert st.graphs.key != key
 
 
 @pytest.mark.parametrize("kind", ["model", "early-exit:1", "ngram"])
