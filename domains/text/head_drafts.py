@@ -19,6 +19,7 @@ drawn from exactly the law handed to the verifier, after every generation settin
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,9 @@ from .token_trees import DynamicTree, StaticTree, as_tree_spec, grow_tree
 __all__ = ["EagleDraft", "MedusaDraft"]
 
 
+@functools.lru_cache(maxsize=64)
 def _chain(k: int) -> StaticTree:
+    """The chain of depth ``k`` (one per depth, shared: its levels are planned once)."""
     return StaticTree(Tree.from_branching([1] * k).parent if k > 0 else np.array([-1], np.int64))
 
 
@@ -56,9 +59,10 @@ def _as_chain(tokens: np.ndarray, q: np.ndarray | None, valid: np.ndarray, k: in
 
 
 def _draw_depth(logits: torch.Tensor, tr: Transforms, rng: np.random.Generator, out: np.ndarray,
-                q: np.ndarray | None, d: int) -> None:
-    """Draft depth ``d`` of every row from the draft's ``logits`` ``[R, V]``: the argmax when greedy,
-    else a draw from the law after the settings, recorded in ``q[:, d]`` (what the verifier gets)."""
+                q: np.ndarray | None, d: int | slice) -> None:
+    """Draft depth ``d`` (or the depths of a slice) of every row from the draft's ``logits`` ``[R, V]``
+    (``[R, depths, V]``): the argmax when greedy, else a draw from the law after the settings,
+    recorded in ``q[:, d]`` (what the verifier gets)."""
     x = logits.float()
     if tr.greedy:
         out[:, d] = x.argmax(-1).cpu().numpy()
@@ -90,11 +94,11 @@ class _FeatureReader:
                 cfg: SamplingConfig | Transforms, rng: np.random.Generator, vocab: int) -> Drafted | DraftedTree:
         tr = as_transforms(cfg)
         cap = np.minimum(np.asarray(need, np.int64) - 1, self.max_depth)
-        spec = self.spec if self.spec is not None else _chain(min(k, self.max_depth))
         if self.spec is None:
             cap = np.minimum(cap, k)
             if not tr.active:  # no prefix processors: one law per depth, sampled in one call
                 return self._chain(rows, tokens, k, cap, tr, rng, vocab)
+        spec = self.spec if self.spec is not None else _chain(min(k, self.max_depth))
         toks, q, valid, parent = grow_tree(spec, self._logits_at(rows, tokens), tr, tokens, rows, cap,
                                            self._ready(), rng, vocab)
         if self.spec is None:
@@ -159,16 +163,8 @@ class MedusaDraft(_FeatureReader):
         q = None if tr.greedy else np.zeros((R, k, vocab), np.float32)
         if steps == 0:
             return Drafted(out, q, lengths, None)
-        x = self.heads.draft_logits(self.feat)[:, :steps].float()  # [R, steps, V]
-        if tr.greedy:
-            out[:, :steps] = x.argmax(-1).cpu().numpy()
-            return Drafted(out, q, lengths, None)
-        pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, steps, V]
-        if not np.isfinite(pr.sum(-1)).all():
-            raise ValueError("the heads' logits are not finite (NaN or +inf): their weights or the "
-                             "target's features hold NaN or overflowed")
-        q[:, :steps] = pr
-        out[:, :steps] = Categorical(probs=pr, validate=False).sample(rng)
+        x = self.heads.draft_logits(self.feat)[:, :steps]  # [R, steps, V]
+        _draw_depth(x, tr, rng, out, q, slice(0, steps))  # every depth at once, in row-major order
         return Drafted(out, q, lengths, None)
 
     def _logits_at(self, rows: np.ndarray, tokens: TokenBuffer):

@@ -225,7 +225,7 @@ def grow_tree(spec: StaticTree | DynamicTree,
         slots = np.where(fvalid[:, :, None], slots, -1)
         if C == 0:
             break
-        cand, ok = _children(x, pr, C, greedy, spec.replacement, rng)  # [R, M, C]
+        cand, ok = _children(x, pr_np, C, greedy, spec.replacement, rng)  # [R, M, C]
         on = (slots >= 0) & ok
         r, m, j = np.nonzero(on)
         s = slots[r, m, j]
@@ -250,16 +250,16 @@ def grow_tree(spec: StaticTree | DynamicTree,
     return tokens, q, valid, parent
 
 
-def _children(x: torch.Tensor, pr: torch.Tensor, C: int, greedy: bool, replacement: bool,
+def _children(x: torch.Tensor, pr: np.ndarray, C: int, greedy: bool, replacement: bool,
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``C`` children per node ``[R, M, C]`` and whether each is a real draw (q > 0): the top-C of the
-    processed logits (greedy), Gumbel-top-C of ``log q`` (without replacement: the sequential law),
-    or C i.i.d. draws."""
-    p = pr.double().cpu().numpy()  # [R, M, V]
+    processed logits ``x`` (greedy), Gumbel-top-C of ``log q`` (without replacement: the sequential
+    law), or C i.i.d. draws, from the draft's law ``pr`` ``[R, M, V]`` (already on the host)."""
     if greedy:
         keys = x.double().cpu().numpy()
         cand = np.argsort(-keys, axis=-1, kind="stable")[..., :C]
         return cand, np.take_along_axis(np.isfinite(keys), cand, -1)
+    p = pr.astype(np.float64)  # [R, M, V]
     if replacement:
         cum = np.cumsum(p, axis=-1)
         u = rng.random((*p.shape[:-1], C)) * cum[..., -1:]

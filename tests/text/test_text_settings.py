@@ -110,6 +110,9 @@ CASES = {
     # a chain from the feature draft with prefix processors: drafted as a tree of one branch, block rule
     "chain-feature-repetition": ("feature:", "block", dict(temperature=1.0, top_k=4, repetition_penalty=3.0,
                                                            no_repeat_ngram_size=2), [0], 3),
+    # Medusa heads' chain with prefix processors: each depth's law from its own drafted prefix
+    "chain-heads-repetition": ("heads:", "block", dict(temperature=1.0, top_k=4, repetition_penalty=3.0,
+                                                       no_repeat_ngram_size=2), [0], 3),
     "tree-feature-processor": ("feature:dynamic", "token", dict(temperature=1.0, top_k=3, min_new_tokens=2,
                                                                 logits_processor=[NextBoost()]), [0], 3),
 }
