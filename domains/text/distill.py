@@ -38,8 +38,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from speculate import theory
-
 from .kv_cache import execution_device, model_vocab_size
 from .progress import progress_bar
 
@@ -202,13 +200,50 @@ def _kl(a: torch.Tensor, loga: torch.Tensor, logb: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
+def acceptance(logits_t: torch.Tensor, logits_d: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``sum_x min(p(x), q(x))`` per state ``[...]``, in float64, of logits ``[..., Vt]`` and
+    ``[..., Vd]`` at ``temperature`` (ids one model lacks have probability 0 there: min is 0).
+
+    >>> round(float(acceptance(torch.zeros(2), torch.tensor([0.0, math.log(3.0)]))), 6)   # .5 + .25
+    0.75
+    """
+    p = (logits_t.double() / temperature).softmax(-1)  # [..., Vt]
+    q = (logits_d.to(logits_t.device).double() / temperature).softmax(-1)  # [..., Vd]
+    v = min(p.shape[-1], q.shape[-1])
+    return torch.minimum(p[..., :v], q[..., :v]).sum(-1)
+
+
+def cosine_lr(lr: float, step: int, steps: int, warmup: int = 10) -> float:
+    """The learning rate at ``step``: linear warm-up over ``warmup`` steps, then cosine decay to 10%."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+def optimizer_step(opt: torch.optim.Optimizer, loss: torch.Tensor, params: list, lr: float, step: int,
+                   steps: int, what: str, warmup: int = 10, grad_clip: float = 1.0) -> float:
+    """One step at the scheduled learning rate (:func:`cosine_lr`), gradients clipped to ``grad_clip``
+    (0: not clipped); a non-finite loss raises ``FloatingPointError`` naming ``what``. Returns the loss."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"{what} loss is {float(loss)} at step {step}")
+    for group in opt.param_groups:
+        group["lr"] = cosine_lr(lr, step, steps, warmup)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    return loss.item()
+
+
 def acceptance_rate(target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor,
                     start: int = 0, temperature: float = 1.0) -> float:
     """Mean of ``sum_x min(p(x), q(x))`` over the states ``input_ids[:, :t+1]``, ``t >= start``.
 
     This is the probability that token-wise speculative sampling accepts a drafted token, on
     average over those states (``speculate.theory.acceptance_rate`` of the two models'
-    distributions, in float64). ``input_ids``: int64 ``[B, L]``.
+    distributions, in float64: :func:`acceptance`). ``input_ids``: int64 ``[B, L]``.
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
@@ -216,9 +251,7 @@ def acceptance_rate(target: torch.nn.Module, draft: torch.nn.Module, input_ids: 
         raise ValueError(f"temperature must be > 0, got {temperature}")
     lt = _logits(target, input_ids)[:, start:]  # [B, L - start, Vt]
     ld = _logits(draft, input_ids)[:, start:]  # [B, L - start, Vd]
-    logp, logq = _shared_probs(lt, ld.to(lt.device), temperature)
-    p, q = logp.exp().cpu().numpy(), logq.exp().cpu().numpy()  # float32 [B, L - start, V]
-    return float(np.mean(theory.acceptance_rate(p, q)))
+    return float(acceptance(lt, ld, temperature).mean())
 
 
 @torch.no_grad()
@@ -352,12 +385,6 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95))
 
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        frac = (step - warmup) / max(1, steps - warmup)
-        return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
-
     g_data, g_draft = gen(torch.device("cpu"), seed + 3), gen(dev_d, seed + 4)
     n_policy = round(on_policy * batch_size)
     losses: list[float] = []
@@ -377,16 +404,8 @@ def distill(target: torch.nn.Module, draft: torch.nn.Module, texts, *, tokenizer
                 lt = _logits(target, ids)[:, prefix_len - 1:]  # [B, C+1, Vt]
             ld = _logits(draft, ids)[:, prefix_len - 1:]  # [B, C+1, Vd]
             loss = divergence_loss(lt.to(ld.device), ld, divergence, temperature).mean()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"distillation loss is {float(loss)} at step {step}")
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip:
-                torch.nn.utils.clip_grad_norm_(decay + no_decay, grad_clip)
-            opt.step()
-            losses.append(loss.item())
+            losses.append(optimizer_step(opt, loss, decay + no_decay, lr, step, steps, "distillation",
+                                         warmup, grad_clip))
             bar.update(1)
             if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
                 history.append((step + 1, evaluate()))

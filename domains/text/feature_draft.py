@@ -39,9 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .distill import divergence_loss
+from .distill import acceptance, divergence_loss
 from .heads import (
-    acceptance,
     check_summary,
     fit_on_target,
     load_config,

@@ -26,7 +26,6 @@ True
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -38,7 +37,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .distill import DIVERGENCES, divergence_loss, sample_continuations, sample_windows, token_stream
+from .distill import (
+    DIVERGENCES,
+    acceptance,
+    divergence_loss,
+    optimizer_step,
+    sample_continuations,
+    sample_windows,
+    token_stream,
+)
 from .kv_cache import check_eval_mode, execution_device, model_vocab_size, text_config
 from .progress import progress_bar
 
@@ -236,17 +243,6 @@ class MedusaHeads(torch.nn.Module):
 # acceptance and training
 
 
-def acceptance(logits_t: torch.Tensor, logits_d: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``sum_x min(p(x), q(x))`` per state ``[...]``, in float64, of logits ``[..., V]`` at ``temperature``.
-
-    >>> round(float(acceptance(torch.zeros(2), torch.tensor([0.0, math.log(3.0)]))), 6)   # .5 + .25
-    0.75
-    """
-    p = (logits_t.double() / temperature).softmax(-1)  # [..., V]
-    q = (logits_d.to(logits_t.device).double() / temperature).softmax(-1)  # [..., V]
-    return torch.minimum(p, q).sum(-1)
-
-
 def head_targets(logits: torch.Tensor, out: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Head ``i``'s pairs: target logits at ``t + 1 + i`` and the head at ``t``, ``[B, L-1-i, V]``."""
     L = logits.shape[1]
@@ -301,28 +297,6 @@ def seeded(rng: int | np.random.Generator | None, device: torch.device) -> Calla
         return torch.Generator(device=device if dev is None else dev).manual_seed(base + k)
 
     return gen
-
-
-def cosine_lr(lr: float, step: int, steps: int, warmup: int = 10) -> float:
-    """Linear warm-up then cosine decay to 10% (as ``distill``)."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    frac = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
-
-
-def optimizer_step(opt: torch.optim.Optimizer, loss: torch.Tensor, params: list, lr: float, step: int,
-                   steps: int, what: str) -> float:
-    """One AdamW step at the scheduled learning rate, gradients clipped to 1; a non-finite loss raises."""
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"{what} loss is {float(loss)} at step {step}")
-    for group in opt.param_groups:
-        group["lr"] = cosine_lr(lr, step, steps)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    opt.step()
-    return loss.item()
 
 
 def training_data(target: torch.nn.Module, texts: Any, tokenizer: Any, eval_texts: Any, eval_batch: int,
