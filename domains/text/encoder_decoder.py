@@ -42,7 +42,7 @@ from transformers import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from .attention_masks import LayerPlan, masks
-from .kv_cache import _RowLayer, _Slots, check_eval_mode, execution_device, model_vocab_size
+from .kv_cache import _RowLayer, _Slots, check_eval_mode, execution_device, model_vocab_size, remembered
 
 __all__ = [
     "CachedSeq2Seq",
@@ -429,11 +429,6 @@ def check_seq2seq(model: Any, role: str = "model") -> None:
     encoder inputs, a rollback, a dropped row) equal full forward passes; once per model and
     setting, like :func:`~speculate.domains.text.kv_cache.check_model`."""
     check_eval_mode(model, role)
-    p = next(model.parameters())
-    key = ("seq2seq", type(model), p.dtype, p.device, getattr(model.config, "_attn_implementation", None))
-    seen = model.__dict__.get("_speculate_check")
-    if seen is None or seen[0] != key:
-        seen = (key, _probe(model))
-        model.__dict__["_speculate_check"] = seen
-    if seen[1] is not None:
-        raise ValueError(seen[1])
+    why = remembered(model, "seq2seq", lambda: _probe(model))
+    if why is not None:
+        raise ValueError(why)

@@ -567,16 +567,25 @@ def check_model(model: Any, role: str = "model") -> None:
     probe crosses them, and compared with the model's own uncached logits.
     """
     check_eval_mode(model, role)
+    why = remembered(model, "cache", lambda: _probe(model))  # raises (stores nothing) on non-finite logits
+    if why is not None:
+        raise ValueError(why)
+
+
+def remembered(model: Any, tag: str, probe: Any) -> str | None:
+    """``probe()``'s verdict (None, or why the model is refused) for ``model`` under ``tag``: computed
+    once per model object and setting (class, dtype, device, attention implementation) and stored
+    on the model (``_speculate_checks``); a probe that raises stores nothing."""
     p = next(model.parameters())
     key = (type(model), p.dtype, p.device, getattr(model.config, "_attn_implementation", None))
-    seen = model.__dict__.get("_speculate_check")
+    checks = model.__dict__.setdefault("_speculate_checks", {})
+    seen = checks.get(tag)
     if seen is None or seen[0] != key:
-        seen = (key, _probe(model))  # raises (and stores nothing) if the logits are not finite
-        model.__dict__["_speculate_check"] = seen
-    if seen[1] is not None:
-        raise ValueError(seen[1])
+        seen = checks[tag] = (key, probe())
+    return seen[1]
 
 
+@torch.inference_mode()
 def _probe(model: Any, make: Any = None) -> str | None:
     """Why ``model`` cannot decode in ``make(model)`` (default :class:`CachedModel`; ``LeanLlama``
     with static steps for a target), or None: logits of ragged rows, a rollback and one row, each

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .cuda_graphs import StepGraphs
-from .kv_cache import CachedModel, _probe
+from .kv_cache import CachedModel, _probe, remembered
 from .lean_cache import SlotCache, plain_weights
 
 __all__ = ["STATIC_SLOTS", "STATIC_WIDTH", "LeanLlama", "lean_model", "static_target", "supports"]
@@ -60,14 +60,7 @@ def static_target(model: Any) -> LeanLlama | None:
     and device."""
     if not supports(model):
         return None
-    p = next(model.parameters())
-    key = ("static", p.dtype, p.device, model.config._attn_implementation)
-    seen = model.__dict__.get("_speculate_static_check")
-    if seen is None or seen[0] != key:
-        with torch.inference_mode():
-            seen = (key, _probe(model, _static))
-        model.__dict__["_speculate_static_check"] = seen
-    return _static(model) if seen[1] is None else None
+    return _static(model) if remembered(model, "static", lambda: _probe(model, _static)) is None else None
 
 
 def _static(model: Any) -> LeanLlama:

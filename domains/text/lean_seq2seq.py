@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .encoder_decoder import CachedSeq2Seq, EncoderState, _decoder, _probe
+from .kv_cache import remembered
 from .lean_cache import SlotCache, plain_weights
 
 __all__ = ["LeanSeq2Seq", "lean_seq2seq", "supports"]
@@ -71,13 +72,8 @@ def lean_seq2seq(model: Any) -> Any:
     general :class:`CachedSeq2Seq`. The probe runs once per model, dtype and device."""
     if not supports(model):
         return CachedSeq2Seq(model)
-    p = next(model.parameters())
-    key = ("lean", type(model), p.dtype, p.device, model.config._attn_implementation)
-    seen = model.__dict__.get("_speculate_lean_check")
-    if seen is None or seen[0] != key:
-        seen = (key, _probe(model, LeanSeq2Seq))
-        model.__dict__["_speculate_lean_check"] = seen
-    return LeanSeq2Seq(model) if seen[1] is None else CachedSeq2Seq(model)
+    why = remembered(model, "lean", lambda: _probe(model, LeanSeq2Seq))
+    return LeanSeq2Seq(model) if why is None else CachedSeq2Seq(model)
 
 
 class LeanSeq2Seq(SlotCache):

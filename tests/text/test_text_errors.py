@@ -78,12 +78,12 @@ def test_a_failed_cache_check_is_not_remembered_across_settings(make_llama):
     mode is checked on every call and never stored."""
     m = make_llama()
     check_model(m)
-    key = m.__dict__["_speculate_check"][0]
+    key = m.__dict__["_speculate_checks"]["cache"][0]
     assert torch.float32 in key and torch.device("cpu") in key and "sdpa" in key
     m.train()
     with pytest.raises(ValueError, match="training mode"):
         check_model(m)
-    assert m.__dict__["_speculate_check"][0] == key  # nothing stored for the training mode
+    assert m.__dict__["_speculate_checks"]["cache"][0] == key  # nothing stored for the training mode
     check_model(m.eval())
 
 

@@ -142,7 +142,7 @@ def test_a_planted_rollback_bug_is_refused(monkeypatch):
     prefix's state makes it refuse the model."""
     model = tiny_model(next(f for f in RECURRENT if f.model_type == "mamba"))
     check_model(model)
-    model.__dict__.pop("_speculate_check")
+    model.__dict__.pop("_speculate_checks")
 
     def keep_cursor(self, n):
         self.conv, self.state = self.cur_conv, self.cur_state
