@@ -76,6 +76,33 @@ class SlotCache:
         if capacity > self.capacity:  # all the rows the buffers hold (static steps may hold more)
             self._alloc(self.k[0].shape[0] if self.k else len(self.length), max(capacity, 2 * self.capacity))
 
+    def _span(self, start: np.ndarray, W: int) -> tuple[np.ndarray, int, int, bool]:
+        """A block of ``W`` tokens per row at slots ``start[r] + j``: ``(start, top, s0, uniform)`` (int64
+        starts, the slots ``0 .. top-1`` it reads, row 0's start, whether every row starts there), the
+        buffers grown to ``top`` slots."""
+        start = np.asarray(start, dtype=np.int64)
+        top = int(start.max()) + W
+        if top > self.capacity:
+            self.ensure_capacity(top)
+        s0 = int(start[0])
+        return start, top, s0, bool((start == s0).all())
+
+    def _write(self, i: int, k: torch.Tensor, v: torch.Tensor, s0: int, rows: torch.Tensor | None,
+               pos: torch.Tensor | None, R: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write layer ``i``'s new keys and values ``[R, kv_heads, W, head_dim]`` at slots ``s0 ..`` of
+        every row (``pos`` None) or at ``pos`` ``[R, W]`` (``rows`` ``[R, 1]``); the layer's buffers of
+        the first ``R`` rows (static steps' buffers may hold more)."""
+        K, V = self.k[i], self.v[i]
+        if K.shape[0] != R:
+            K, V = K[:R], V[:R]
+        if pos is None:
+            K[:, :, s0 : s0 + k.shape[2]] = k
+            V[:, :, s0 : s0 + k.shape[2]] = v
+        else:
+            K[rows, :, pos] = k.transpose(1, 2)
+            V[rows, :, pos] = v.transpose(1, 2)
+        return K, V
+
     def keep(self, n: np.ndarray) -> None:
         """Commit ``n[r]`` more tokens of row ``r`` (as ``CachedModel.keep``)."""
         self.length += np.asarray(n, dtype=np.int64)

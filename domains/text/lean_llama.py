@@ -152,35 +152,22 @@ class LeanLlama(SlotCache):
         row ``r`` attends to slots ``0 .. start[r] + j``. ``last_only``: logits of the last column only.
         ``valid`` (as ``CachedModel.forward``) changes nothing: padded slots are simply overwritten."""
         R, W = tokens.shape
-        start = np.asarray(start, dtype=np.int64)
-        top = int(start.max()) + W  # slots 0 .. top-1 are read
-        if top > self.capacity:
-            self.ensure_capacity(top)
+        start, top, s0, uniform = self._span(start, W)  # slots 0 .. top-1 are read
         dev = self.device_
         pos = torch.as_tensor(start, device=dev)[:, None] + torch.arange(W, device=dev)[None, :]  # [R, W]
         if self.graphs is not None and W <= STATIC_WIDTH:
             out = self.graphs(tokens.to(dev), pos, self.k[0].shape[0], self._epoch)
             return out[:, -1:] if last_only else out
-        uniform = bool((start == start[0]).all())
         if uniform and W == 1:
             mask = None  # one new token per row, all at the same slot: it sees every slot < top
         else:
             keys = torch.arange(top, device=dev)
             mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, top]
-        rows = None if uniform else torch.arange(R, device=dev)[:, None]  # [R, 1]
-        s0 = int(start[0])
-
-        every = self.k[0].shape[0] == R  # static steps' buffers may hold more rows than are live
+        rows, at = (None, None) if uniform else (torch.arange(R, device=dev)[:, None], pos)  # [R, 1], [R, W]
 
         def cache(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            Kb, Vb = (self.k[i], self.v[i]) if every else (self.k[i][:R], self.v[i][:R])
-            if uniform:  # write slots start .. start+W-1 of every row
-                Kb[:, :, s0 : s0 + W] = k
-                Vb[:, :, s0 : s0 + W] = v
-            else:  # per-row slots: [R, Hkv, W, hd] scattered at pos
-                Kb[rows, :, pos] = k.transpose(1, 2)
-                Vb[rows, :, pos] = v.transpose(1, 2)
-            return Kb[:, :, :top], Vb[:, :, :top]  # [R, Hkv, top, hd]
+            K, V = self._write(i, k, v, s0, rows, at, R)
+            return K[:, :, :top], V[:, :, :top]  # [R, Hkv, top, hd]
 
         return self._run(tokens.to(dev), pos, mask, cache, last_only)
 
@@ -194,10 +181,7 @@ class LeanLlama(SlotCache):
         rows = torch.arange(b, device=pos.device)[:, None]  # [b, 1]
 
         def cache(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            Kb, Vb = self.k[i][:b], self.v[i][:b]  # [b, Hkv, C, hd]: views of the buffers
-            Kb[rows, :, pos] = k.transpose(1, 2)
-            Vb[rows, :, pos] = v.transpose(1, 2)
-            return Kb, Vb
+            return self._write(i, k, v, 0, rows, pos, b)  # [b, Hkv, C, hd]: views of the buffers
 
         return self._run(tokens, pos, mask, cache, False)
 

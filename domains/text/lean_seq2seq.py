@@ -151,17 +151,12 @@ class LeanSeq2Seq(SlotCache):
         ``last_only``: the last column's logits only. ``valid`` changes nothing: padded slots are
         overwritten."""
         R, W = tokens.shape
-        start = np.asarray(start, dtype=np.int64)
-        top = int(start.max()) + W  # slots 0 .. top-1 are read
-        if top > self.capacity:
-            self.ensure_capacity(top)
-        dev = self.device
-        s0 = int(start[0])
-        uniform = bool((start == s0).all())
+        start, top, s0, uniform = self._span(start, W)  # slots 0 .. top-1 are read
+        dev = self.device_
         emb, table, head, weights = self.w
         lay = self.lay
         if uniform and top <= self.max_pos:  # every row at the same slots: slices, no index tensors
-            pos = None
+            pos = rows = None
             x = table[s0 + lay.offset : top + lay.offset]  # [W, D]
             # [W, top]: token j (slot s0 + j) sees slots <= s0 + j
             mask = None if W == 1 else torch.ones(W, top, dtype=torch.bool, device=dev).tril(s0)
@@ -181,13 +176,8 @@ class LeanSeq2Seq(SlotCache):
             h = _norm(x, n1) if pre else x
             q, k, v = self._heads(F.linear(h, *qkv)).split(self.n_heads, dim=1)  # [R, H, W, hd] each
             q = q * self.scaling
-            if pos is None:  # write slots s0 .. top-1 of every row
-                self.k[i][:, :, s0:top] = k
-                self.v[i][:, :, s0:top] = v
-            else:  # per-row slots: [R, H, W, hd] scattered at pos
-                self.k[i][rows, :, pos] = k.transpose(1, 2)
-                self.v[i][rows, :, pos] = v.transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, self.k[i][:, :, :top], self.v[i][:, :, :top],
+            K, V = self._write(i, k, v, s0, rows, pos, R)  # slots s0 .. top-1, or per row at pos
+            a = F.scaled_dot_product_attention(q, K[:, :, :top], V[:, :, :top],
                                                attn_mask=mask, scale=1.0)  # [R, H, W, hd]
             x = x + F.linear(a.transpose(1, 2).reshape(R, W, D), *o_)
             x, h = (x, _norm(x, n2)) if pre else (_norm(x, n1),) * 2
