@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
                            "loss_first": res.losses[0],
                            "loss_last50": sum(res.losses[-50:]) / len(res.losses[-50:])}
         log(f"heads: {report['heads']}")
-        feat = torch.zeros(1, 1, heads.config["hidden_size"])
-        latency["Medusa heads (all)"] = step_ms(lambda: heads(feat))
+        feat = torch.zeros(1, heads.config["hidden_size"])  # [R, H]: one row's last feature
+        latency["Medusa heads (all)"] = step_ms(lambda: heads.draft_logits(feat))  # what drafting calls
 
     if args.only in (None, "draft"):
         fresh = FeatureDraft.for_target(target, intermediate_size=args.draft_mlp)
