@@ -164,12 +164,7 @@ class LeanLlama(SlotCache):
             keys = torch.arange(top, device=dev)
             mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, top]
         rows, at = (None, None) if uniform else (torch.arange(R, device=dev)[:, None], pos)  # [R, 1], [R, W]
-
-        def cache(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            K, V = self._write(i, k, v, s0, rows, at, R)
-            return K[:, :, :top], V[:, :, :top]  # [R, Hkv, top, hd]
-
-        return self._run(tokens.to(dev), pos, mask, cache, last_only)
+        return self._run(tokens.to(dev), pos, mask, (s0, rows, at, top), last_only)
 
     def _step(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The static step: logits ``[b, W, V]`` of ``tokens`` ``[b, W]`` at positions ``pos`` ``[b, W]``
@@ -179,17 +174,16 @@ class LeanLlama(SlotCache):
         slots = torch.arange(self.capacity, device=pos.device)
         mask = slots[None, None, None, :] <= pos[:, None, :, None]  # [b, 1, W, C]
         rows = torch.arange(b, device=pos.device)[:, None]  # [b, 1]
+        return self._run(tokens, pos, mask, (0, rows, pos, None), False)  # all C slots: views of the buffers
 
-        def cache(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self._write(i, k, v, 0, rows, pos, b)  # [b, Hkv, C, hd]: views of the buffers
-
-        return self._run(tokens, pos, mask, cache, False)
-
-    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, cache: Any,
+    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+             at: tuple[int, torch.Tensor | None, torch.Tensor | None, int | None],
              last_only: bool) -> torch.Tensor:
-        """The layers on ``tokens`` ``[R, W]`` at ``pos``; ``cache(i, k, v)`` writes layer ``i``'s new
-        keys and values and returns the keys and values to attend to."""
+        """The layers on ``tokens`` ``[R, W]`` at ``pos``; each layer's new keys and values are written
+        where ``at = (s0, rows, pos, top)`` says (:meth:`SlotCache._write`) and attended to over slots
+        ``0 .. top-1`` (None: every slot)."""
         R, W = tokens.shape
+        s0, rows, wpos, top = at
         x = F.embedding(tokens, self.core.embed_tokens.weight)  # [R, W, D]
         cos, sin = self._cos[pos], self._sin[pos]  # [R, W, head_dim] each
         nq = self.n_heads * self.head_dim
@@ -200,7 +194,9 @@ class LeanLlama(SlotCache):
             k = _linear(h, attn.k_proj).view(R, W, self.n_kv, self.head_dim).transpose(1, 2)  # [R, Hkv, W, hd]
             v = _linear(h, attn.v_proj).view(R, W, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            K, V = cache(i, k, v)  # [R, Hkv, slots, hd]
+            K, V = self._write(i, k, v, s0, rows, wpos, R)  # [R, Hkv, C, hd]
+            if top is not None:
+                K, V = K[:, :, :top], V[:, :, :top]  # [R, Hkv, top, hd]
             a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=self.n_kv != self.n_heads)  # [R, H, W, hd]
             x = x + _linear(a.transpose(1, 2).reshape(R, W, nq), attn.o_proj)
