@@ -98,11 +98,16 @@ def verify_device_round(
         fn = token_device if rule == "token" else block_device
         n, nxt, ok = fn(p, q, drafts, lens, u_accept, u_next)
     out = torch.stack([n, nxt, ok.to(torch.int64)]).cpu().numpy()  # the round's one transfer
-    if not out[2].all():
-        b = int(np.flatnonzero(out[2] == 0)[0])
+    _raise_bad(out[2])
+    return out[0], out[1], np.zeros(R, np.int64), f"{rule}-device"
+
+
+def _raise_bad(ok: np.ndarray) -> None:
+    """``ValueError`` naming the first row whose ``ok`` flag is off."""
+    if not ok.all():
+        b = int(np.flatnonzero(~ok.astype(bool))[0])
         raise ValueError(f"row {b}: probabilities contain NaN, inf or a negative value, a drafted outcome "
                          "has q = 0, or a row drawn from has no positive mass")
-    return out[0], out[1], np.zeros(R, np.int64), f"{rule}-device"
 
 
 def draw(w: Tensor, u: Tensor) -> Tensor:
@@ -245,10 +250,7 @@ def _numpy(fn: Any, *arrays: Any, tiny: float | None = None) -> tuple[np.ndarray
     t = [None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
     out = fn(*t) if tiny is None else fn(*t, tiny)
     n, nxt, ok = (x.cpu().numpy() for x in out)
-    if not ok.all():
-        b = int(np.flatnonzero(~ok)[0])
-        raise ValueError(f"row {b}: probabilities contain NaN, inf or a negative value, a drafted outcome "
-                         "has q = 0, or a row drawn from has no positive mass")
+    _raise_bad(ok)
     return n.astype(np.int64), nxt.astype(np.int64)
 
 
