@@ -102,7 +102,7 @@ class LeanSeq2Seq(SlotCache):
         p = next(model.parameters())
         self.dtype, self.device_ = p.dtype, p.device
         self._init_slots()  # self-attention: per layer [R, H, capacity, hd]
-        self.w = _weights(model, self.dec)
+        self.w: Any = None  # the weights as they are at each reset
         self.ck: list[torch.Tensor] = []  # per layer [R, H, S, hd]: cross-attention, once per row
         self.cv: list[torch.Tensor] = []
         self.src_mask: torch.Tensor | None = None  # [R, 1, 1, S] bool: source tokens (BART; None: all)

@@ -324,12 +324,13 @@ class TextProcess:
         t.n[rows] += n_used
         ctx = proposal.context
         R = len(rows)
-        keep = np.minimum(n_accepted, np.maximum(n_used - 1, 0))  # fed drafts that stay in the caches
-        if verdict.path is not None:  # a tree: node i was written at column P - 1 + i
-            path = np.asarray(verdict.path, np.int64)[:, : max(int(keep.max()), 0)]  # [R, D']
-        else:
-            path = np.broadcast_to(np.arange(1, int(keep.max()) + 1), (R, int(keep.max())))
-        cols = ctx.pending[:, None] - 1 + path  # [R, D'] the columns of the kept path
+        if verdict.path is not None or ctx.features is not None:  # chains without features need neither
+            keep = np.minimum(n_accepted, np.maximum(n_used - 1, 0))  # fed drafts that stay in the caches
+            if verdict.path is not None:  # a tree: node i was written at column P - 1 + i
+                path = np.asarray(verdict.path, np.int64)[:, : max(int(keep.max()), 0)]  # [R, D']
+            else:
+                path = np.broadcast_to(np.arange(1, int(keep.max()) + 1), (R, int(keep.max())))
+            cols = ctx.pending[:, None] - 1 + path  # [R, D'] the columns of the kept path
         if verdict.path is not None:
             dst = ctx.pending[:, None] + np.arange(path.shape[1])[None, :]
             move = (np.arange(path.shape[1])[None, :] < keep[:, None]) & (cols != dst)
