@@ -5,8 +5,9 @@
   ``tree.py`` verifies a token tree (``Tree``: a parent array; multi-draft is the tree with
   branching only at the root);
 - ``kernels.py``: their checked entry points ``verify_*`` / ``verify_*_reference``;
-- ``device.py``: the token, block and greedy rules as tensor operations for probabilities that live
-  on an accelerator (no host transfer; one flag per row), held to the same exact laws on the CPU;
+- ``device.py``: the token, block, greedy and multi-draft rules as tensor operations for
+  probabilities that live on an accelerator (no host transfer; one flag per row), held to the same
+  exact laws on the CPU;
 - ``one_step.py``: ``verify_one``, the one-step rule for any pair of distributions (the kernels for
   Categorical and equal-scale Normal pairs, rejection from the target for the rest);
 - ``one_round.py``: ``verify_round``, which routes one round of the loop to a kernel or to the

@@ -1,21 +1,23 @@
-"""Token, block and greedy verification as tensor operations, for probabilities that live on an
-accelerator.
+"""Token, block, greedy and multi-draft verification as tensor operations, for probabilities that
+live on an accelerator.
 
-The rules of ``token.py``, ``block.py`` and ``greedy.py`` (same inputs: the uniforms are inputs, so
-these are pure functions; the same law), batched over rows with torch operations: no loop over
-rows, no transfer to the host. Results stay on ``p``'s device with a per-row flag ``ok`` (False
+The rules of ``token.py``, ``block.py``, ``greedy.py`` and ``multi.py`` (same inputs: the uniforms
+are inputs, so these are pure functions; the same law), batched over rows with torch operations: no
+loop over rows (multi-draft loops over its K+1 depths and m branches, every row at once), no
+transfer to the host. Results stay on ``p``'s device with a per-row flag ``ok`` (False
 where the row read NaN, inf or a negative probability, drafted an outcome with q = 0, or drew from
 a row without mass), so a caller synchronises once per round, when it reads the counts. Draws are
 inverse-CDF searches (``torch.searchsorted``) over float64 cumulative sums, where an outcome of zero
 mass is never found; the residual's mass below ``tiny`` means p and q are equal up to rounding, and
 the draw is from the target's row, as in the Numba kernels.
 
-Only the draws' floating-point order differs from the Numba kernels (a running sum instead of
-blocked sums), so outputs may differ in the last bit of a threshold, never in law:
-:func:`verify_token_device`, :func:`verify_block_device` and :func:`verify_greedy_device` take and
-return NumPy arrays like ``verify_token`` & co. (checked the same way) and run the tensor code on
-the CPU, and tests/core/test_core_kernel_laws.py holds them to the rules' exact laws with the
-enumerator that checks the Numba kernels.
+Only the floating-point order of sums differs from the Numba kernels (a running sum instead of
+blocked sums, in a draw and in multi-draft's residual totals), so outputs may differ in the last
+bit of a threshold, never in law: :func:`verify_token_device`, :func:`verify_block_device`,
+:func:`verify_greedy_device` and :func:`verify_multi_device` take and return NumPy arrays like
+``verify_token`` & co. (checked the same way) and run the tensor code on the CPU, and
+tests/core/test_core_kernel_laws.py holds them to the rules' exact laws with the enumerator that
+checks the Numba kernels.
 
 >>> import torch
 >>> p = torch.tensor([[[0.6, 0.4], [0.5, 0.5]]], dtype=torch.float64)   # [B=1, K+1=2, V=2]
@@ -32,8 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "token_device", "verify_block_device",
-           "verify_device_round", "verify_greedy_device", "verify_token_device"]
+__all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "multi_device", "token_device",
+           "verify_block_device", "verify_device_round", "verify_greedy_device", "verify_multi_device",
+           "verify_token_device"]
 
 Tensor = torch.Tensor
 
@@ -64,42 +67,67 @@ def verify_device_round(
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     """One round of the loop (``one_round.verify_round``) on the target's device: the drafts,
-    lengths and the round's uniforms (drawn from ``rng`` in the order of the CPU route) go to the
-    device, and the accepted counts and next outcomes come back in ONE transfer."""
-    if branches != 1:
-        raise ValueError("verification on the device takes one draft branch (branches=1)")
-    shape = (R, k + 1)
-    if target.batch_shape != shape:
-        raise ValueError(f"target must score {shape} states (rows, k+1 positions) in one call, got a "
-                         f"DeviceCategorical with batch shape {target.batch_shape}")
-    p = target.probs
-    dev, V = p.device, target.num_outcomes
-    outcomes = np.zeros((R, k), np.int64) if k == 0 else np.asarray(proposal.outcomes, np.int64)
-    if outcomes.shape != (R, k):
-        raise ValueError(f"drafted outcomes must have shape {(R, k)}, got {outcomes.shape}")
-    if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):
-        raise ValueError(f"drafted outcome outside 0..{V - 1}")
-    drafts = torch.from_numpy(outcomes).to(dev)
+    lengths and the round's uniforms (drawn from ``rng`` in the order of the CPU route: ``u_next``
+    [R], then ``u_accept`` [R, k] or, with m = ``branches`` > 1, [R, k, m]) go to the device, and the
+    accepted counts, next outcomes and branches come back in ONE transfer. With m > 1 the target
+    scores ``(R, m, k+1)`` states and the rule is the token rule (multi-draft: route
+    "multi-device")."""
+    m = branches
+    p, drafts, oshape = _round_drafts(target, proposal, m, k, R)
+    dev = p.device
     lens = torch.from_numpy(np.ascontiguousarray(lengths, np.int64)).to(dev)
     if rule == "greedy":
+        if m != 1:
+            raise ValueError("greedy verification takes one draft branch (branches=1)")
         n, nxt, ok = greedy_device(p, drafts, lens)
+        branch = torch.zeros_like(n)
     else:
-        d = proposal.dists
-        if d is None:  # deterministic drafts: point masses at the outcomes
-            q = torch.zeros((R, k, V), dtype=p.dtype, device=dev).scatter_(-1, drafts[..., None], 1.0)
-        elif isinstance(d, DeviceCategorical):
-            q = d.probs.to(dev)
-        else:  # a host Categorical
-            q = torch.from_numpy(np.ascontiguousarray(d.probs)).to(dev)
-        if tuple(q.shape) != (R, k, V):
-            raise ValueError(f"draft distributions must be [R, k, V] = {(R, k, V)}, got {tuple(q.shape)}")
-        u = torch.from_numpy(rng.random(R + R * k)).to(dev)  # one copy; the CPU route's order: u_next, u_accept
-        u_next, u_accept = u[:R], u[R:].view(R, k)
-        fn = token_device if rule == "token" else block_device
-        n, nxt, ok = fn(p, q, drafts, lens, u_accept, u_next)
-    out = torch.stack([n, nxt, ok.to(torch.int64)]).cpu().numpy()  # the round's one transfer
-    _raise_bad(out[2])
-    return out[0], out[1], np.zeros(R, np.int64), f"{rule}-device"
+        q = _round_q(proposal.dists, p, drafts, (*oshape, target.num_outcomes))
+        if m != 1 and rule != "token":
+            raise ValueError(f"multi-draft (branches={m}) uses recursive rejection: pass verify='token'")
+        u = torch.from_numpy(rng.random(R + R * k * m)).to(dev)  # one copy; the CPU route's order: u_next, u_accept
+        u_next, u_accept = u[:R], u[R:].view((R, k, m) if m != 1 else (R, k))
+        if m != 1:
+            n, nxt, branch, ok = multi_device(p, q, drafts, lens, u_accept, u_next)
+        else:
+            n, nxt, ok = (token_device if rule == "token" else block_device)(p, q, drafts, lens, u_accept, u_next)
+            branch = torch.zeros_like(n)
+    out = torch.stack([n, nxt, branch, ok.to(torch.int64)]).cpu().numpy()  # the round's one transfer
+    _raise_bad(out[3])
+    return out[0], out[1], out[2], "multi-device" if m != 1 else f"{rule}-device"
+
+
+def _round_drafts(target: DeviceCategorical, proposal: Any, m: int, k: int,
+                  R: int) -> tuple[Tensor, Tensor, tuple[int, ...]]:
+    """The target's probabilities, the drafts on its device and the drafts' batch shape ``(R, k)``
+    (``(R, m, k)`` with m > 1 branches), checked as the CPU route checks them."""
+    shape = (R, k + 1) if m == 1 else (R, m, k + 1)
+    if target.batch_shape != shape:
+        raise ValueError(f"target must score {shape} states (rows, {'branches, ' if m > 1 else ''}k+1 positions) "
+                         f"in one call, got a DeviceCategorical with batch shape {target.batch_shape}")
+    p, V = target.probs, target.num_outcomes
+    oshape = (*shape[:-1], k)
+    outcomes = np.zeros(oshape, np.int64) if k == 0 else np.asarray(proposal.outcomes, np.int64)
+    if outcomes.shape != oshape:
+        raise ValueError(f"drafted outcomes must have shape {oshape}, got {outcomes.shape}")
+    if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):
+        raise ValueError(f"drafted outcome outside 0..{V - 1}")
+    return p, torch.from_numpy(outcomes).to(p.device), oshape
+
+
+def _round_q(d: Any, p: Tensor, drafts: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """The draft laws ``shape`` = ``[*drafts.shape, V]`` on ``p``'s device: point masses at the
+    drafts (``d`` None), a DeviceCategorical's tensor or a host Categorical's array."""
+    if d is None:  # deterministic drafts: point masses at the outcomes
+        q = torch.zeros(shape, dtype=p.dtype, device=p.device).scatter_(-1, drafts[..., None], 1.0)
+    elif isinstance(d, DeviceCategorical):
+        q = d.probs.to(p.device)
+    else:  # a host Categorical
+        q = torch.from_numpy(np.ascontiguousarray(d.probs)).to(p.device)
+    if tuple(q.shape) != shape:
+        raise ValueError(f"draft distributions must be [R, {'m, ' if len(shape) == 4 else ''}k, V] = {shape}, "
+                         f"got {tuple(q.shape)}")
+    return q
 
 
 def _raise_bad(ok: np.ndarray) -> None:
@@ -242,16 +270,100 @@ def greedy_device(p: Tensor, drafts: Tensor, lengths: Tensor | None) -> tuple[Te
     return n, top[ar, n], ok & (lengths >= 0) & (lengths <= K)
 
 
+def multi_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u_accept: Tensor,
+                 u_next: Tensor, tiny: float | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Multi-draft verification (``multi.py``: recursive rejection over m branches) of ``p``
+    ``[B, m, K+1, V]``, ``q`` ``[B, m, K, V]``, ``drafts`` ``[B, m, K]``, ``lengths`` ``[B, m]``,
+    ``u_accept`` ``[B, K, m]``: ``(n_accepted [B], next_outcome [B], branch [B], ok [B])`` on
+    ``p``'s device, ``branch`` the first live branch at the last depth. Depth by depth (a row still
+    running at depth d has kept d drafts), every row at once; the residual is kept as the kernel
+    keeps it, unnormalised weights ``w`` and their total ``Z``."""
+    tiny = _tiny(p.dtype) if tiny is None else tiny
+    B, m, K1, _ = p.shape
+    dev = p.device
+    drafts = drafts.to(dev, torch.int64)
+    lengths = (torch.full((B, m), K1 - 1, dtype=torch.int64, device=dev) if lengths is None
+               else lengths.to(dev, torch.int64))
+    u_accept, u_next = u_accept.to(dev, torch.float64), u_next.to(dev, torch.float64)
+    ar = torch.arange(B, device=dev)
+    running = ((lengths >= 0) & (lengths <= K1 - 1)).all(dim=1)  # [B]: a bad length stops the row at once
+    ok = running.clone()
+    alive = torch.ones((B, m), dtype=torch.bool, device=dev)  # [B, m]: branches that agree with the kept prefix
+    n, nxt, branch = (torch.zeros(B, dtype=torch.int64, device=dev) for _ in range(3))
+    for d in range(K1):
+        j0 = torch.argmax(alive.to(torch.uint8), dim=1)  # [B]: the first live branch
+        p_row = p[ar, j0, d].double()  # [B, V]
+        w, kept, bad = _multi_depth(p_row, q, drafts, lengths, u_accept, running & alive.T, d, tiny)
+        ok &= ~bad
+        end = running & ~bad & (kept < 0)  # [B]: every candidate rejected, or none: the next outcome is drawn here
+        y, y_ok = _multi_next(p_row, w, u_next)
+        n, nxt, branch = torch.where(end, d, n), torch.where(end, y, nxt), torch.where(end, j0, branch)
+        ok &= ~end | y_ok
+        running = running & ~bad & (kept >= 0)  # [B]: a draft kept at depth d
+        if d < K1 - 1:
+            x = drafts[:, :, d].gather(1, kept.clamp(min=0)[:, None])  # [B, 1]: the kept outcome
+            alive = torch.where(running[:, None], alive & (lengths > d) & (drafts[:, :, d] == x), alive)
+    return n, nxt, branch, ok
+
+
+def _multi_depth(p_row: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor, u_accept: Tensor, live: Tensor,
+                 d: int, tiny: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Depth ``d`` of recursive rejection, from ``p_row`` ``[B, V]`` (float64: p at the first live
+    branch): each live branch (``live`` ``[m, B]``) with a d-th draft is a candidate, in branch
+    order, kept where ``u q(x) Z < w(x)``; on rejection ``w <- max(w - Z q, 0)`` and ``Z <-`` its
+    total, where that total exceeds ``tiny``. Returns the residual weights ``w`` ``[B, V]``
+    (``p_row`` where nothing changed them), the kept branch ``[B]`` (-1: none kept) and the rows
+    whose candidates read a bad input ``[B]`` (as the kernel's BAD_INDEX, NOT_FINITE, NEGATIVE and
+    Q_ZERO)."""
+    B, V = p_row.shape
+    w, Z = p_row, torch.ones(B, dtype=torch.float64, device=p_row.device)
+    kept = torch.full((B,), -1, dtype=torch.int64, device=p_row.device)
+    stop = torch.zeros(B, dtype=torch.bool, device=p_row.device)  # [B]: decided at this depth (kept or bad)
+    bad = torch.zeros_like(stop)
+    if d == q.shape[2]:  # the last depth: no drafts, the bonus from p
+        return w, kept, bad
+    for j in range(q.shape[1]):
+        cand = live[j] & (lengths[:, j] > d) & ~stop  # [B]
+        x = drafts[:, j, d]  # [B]
+        xc = x.clamp(0, V - 1)[:, None]  # [B, 1] (a bad index is reported, not read)
+        q_row = q[:, j, d].double()  # [B, V]
+        qx, wx = q_row.gather(-1, xc)[:, 0], w.gather(-1, xc)[:, 0]  # [B]
+        good = (x >= 0) & (x < V) & torch.isfinite(qx) & torch.isfinite(wx) & (qx > 0) & (wx >= 0)
+        take = cand & good & (u_accept[:, d, j] * qx * Z < wx)  # probability min(1, r(x) / q(x)), r = w / Z
+        r = w - Z[:, None] * q_row  # [B, V]
+        r = torch.where(r > 0, r, 0.0 * r)  # max(w - Z q, 0), NaN and -inf giving NaN (as _inverse_cdf.weight)
+        total = r.sum(dim=-1)  # [B]
+        reject = cand & good & ~take
+        new = reject & torch.isfinite(total) & (total > tiny)  # [B]: the residual changes
+        w, Z = torch.where(new[:, None], r, w), torch.where(new, total, Z)
+        kept = torch.where(take, j, kept)
+        now_bad = (cand & ~good) | (reject & ~torch.isfinite(total))
+        bad |= now_bad
+        stop |= take | now_bad
+    return w, kept, bad
+
+
+def _multi_next(p_row: Tensor, w: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """The next outcome drawn from the weights ``w`` ``[B, V]`` (the last residual, or p's row) and
+    whether the kernel's ``draw_row`` accepts it: no NaN or negative weight, a finite positive
+    total, and an outcome where ``p_row`` > 0 (else the residual's mass came from a negative q)."""
+    total = w.sum(dim=-1)  # [B]
+    usable = (w >= 0).all(dim=-1) & torch.isfinite(total) & (total > 0)
+    y = draw(torch.where(usable[:, None], w, torch.ones_like(w)), u)  # [B]
+    return y, usable & (p_row.gather(-1, y[:, None])[:, 0] > 0)
+
+
 # --------------------------------------------------------------------------------------------
 # NumPy in and out (checked as verify_token & co.): the exactness tests run these on the CPU
 
 
-def _numpy(fn: Any, *arrays: Any, tiny: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _numpy(fn: Any, *arrays: Any, tiny: float | None = None) -> tuple[np.ndarray, ...]:
+    """``fn``'s outputs but the last (``ok``, raised on) as int64 arrays."""
     t = [None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
     out = fn(*t) if tiny is None else fn(*t, tiny)
-    n, nxt, ok = (x.cpu().numpy() for x in out)
+    *vals, ok = (x.cpu().numpy() for x in out)
     _raise_bad(ok)
-    return n.astype(np.int64), nxt.astype(np.int64)
+    return tuple(v.astype(np.int64) for v in vals)
 
 
 def verify_token_device(p: Any, q: Any, drafts: Any, lengths: Any = None, u_accept: Any = None,
@@ -278,3 +390,12 @@ def verify_greedy_device(p: Any, drafts: Any, lengths: Any = None) -> tuple[np.n
 
     p, drafts, lengths = _check_greedy(p, drafts, lengths)
     return _numpy(greedy_device, p, drafts, lengths)
+
+
+def verify_multi_device(p: Any, q: Any, drafts: Any, lengths: Any = None, u_accept: Any = None,
+                        u_next: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`multi_device` with the inputs and outputs of ``speculate.verify.verify_multi``."""
+    from .kernels import _check_multi
+
+    p, q, drafts, lengths, u_accept, u_next, tiny = _check_multi(p, q, drafts, lengths, u_accept, u_next)
+    return _numpy(multi_device, p, q, drafts, lengths, u_accept, u_next, tiny=tiny)

@@ -5,7 +5,8 @@ or, for any other distributions, to the one-step rule (``one_step.py``) position
 ``RULES`` is the one list of rule names; the round loop, the domains and speculate.testing import it.
 Multi-draft verification is the token rule with ``branches > 1`` (recursive rejection). A proposal
 whose target is a ``DeviceCategorical`` (probabilities in a tensor on an accelerator) is verified on
-that device (``device.py``; routes "token-device", "block-device", "greedy-device"). A proposal
+that device (``device.py``; routes "token-device", "block-device", "greedy-device",
+"multi-device"). A proposal
 that carries a ``tree`` (a parent array or a ``speculate.verify.Tree``) is a token tree: the token
 rule verifies it with the tree kernel (``verify_tree``; route "tree"), the greedy rule with
 ``verify_tree_greedy`` (route "tree_greedy"); see :func:`verify_tree_round`.
@@ -40,7 +41,8 @@ def verify_round(target: Any, proposal: Any, rule: str, branches: int, k: int, R
 
     Returns ``(n_accepted [R], next outcomes, branch [R], route)``: the next outcomes are an array
     ``[R, *event]`` on the kernel routes and a list on the general one; ``route`` names the rule
-    that ran ("token", "block", "greedy", "multi", "gaussian" or "general"). A tree proposal
+    that ran ("token", "block", "greedy", "multi", "gaussian" or "general"; "token-device" & co. for
+    a DeviceCategorical target). A tree proposal
     (``proposal.tree`` set) returns the accepted path ``[R, D]`` in place of ``branch`` and the
     route "tree" or "tree_greedy" (:func:`verify_tree_round`).
     """

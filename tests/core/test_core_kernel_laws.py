@@ -56,7 +56,12 @@ from speculate.verify import (
     verify_token,
     verify_token_reference,
 )
-from speculate.verify.device import verify_block_device, verify_greedy_device, verify_token_device
+from speculate.verify.device import (
+    verify_block_device,
+    verify_greedy_device,
+    verify_multi_device,
+    verify_token_device,
+)
 
 V = 600  # blocks [0, 256), [256, 512), [512, 600): two full blocks and a partial one
 EDGES = (0, BLOCK - 1, BLOCK, 2 * BLOCK - 1, 2 * BLOCK, V - 1)  # 0, 255, 256, 511, 512, 599
@@ -458,25 +463,45 @@ def _multi_cases(seed: int, m: int, K: int, n_models: int):
     return cases
 
 
-@pytest.mark.parametrize("kernel", [verify_multi, verify_multi_reference])
-def test_multi_draft_exact_per_draft_across_blocks(kernel):
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kernel", [verify_multi, verify_multi_reference, verify_multi_device])
+def test_multi_draft_exact_per_draft_across_blocks(kernel, dtype):
     """m = 2 branches, K = 2, V = 600, ragged branch lengths (a branch one draft short draws its
     bonus at depth 1; a branch with no drafts): the law of (n, next, branch) equals recursive
-    rejection's, the branch naming the first branch that agrees with the kept prefix."""
+    rejection's, the branch naming the first branch that agrees with the kept prefix; float64 and
+    float32 rows (dyadic: the same values)."""
     cases = _multi_cases(seed=3, m=2, K=2, n_models=2)
-    _assert_laws(enumerated_laws(kernel, "multi", cases), "multi")
+    _assert_laws(enumerated_laws(kernel, "multi", cases, dtype), "multi")
 
 
-def test_multi_draft_three_branches_across_blocks():
+@pytest.mark.parametrize("kernel", [verify_multi, verify_multi_device])
+def test_multi_draft_three_branches_across_blocks(kernel):
     """m = 3 branches, K = 1 (the third candidate is tried against a residual of a residual)."""
-    _assert_laws(enumerated_laws(verify_multi, "multi", _multi_cases(seed=4, m=3, K=1, n_models=2)), "multi m=3")
+    _assert_laws(enumerated_laws(kernel, "multi", _multi_cases(seed=4, m=3, K=1, n_models=2)), "multi m=3")
 
 
-def test_multi_draft_round_law_across_blocks():
+@pytest.mark.parametrize("kernel", [verify_multi, verify_multi_reference, verify_multi_device])
+def test_multi_draft_candidate_against_a_residual_of_less_mass(kernel):
+    """The second candidate meets a residual whose weights w total Z = 1/8 (kept unnormalised, as
+    the kernels keep them): it is kept with probability min(1, w(x) / (Z q(x))) = 4/5, where a rule
+    that forgets Z would keep it with probability 1/10; rejected, the residual of that residual
+    (mass on 255 and 512). Every pair of drafts from q, with branch 0 full or without drafts."""
+    q = row([(3, 24), (599, 40)])
+    p = row([(3, 16), (599, 44), (255, 2), (512, 2)])  # rejecting 3: w = (599: 4, 255: 2, 512: 2) / 64
+    bonus = row([(0, 32), (511, 32)])
+    cases = [([[p, bonus]] * 2, [[q]] * 2, [[a], [b]], L) for a in (3, 599) for b in (3, 599) for L in ([1, 1], [0, 1])]
+    _assert_laws(enumerated_laws(kernel, "multi", cases), "multi against a residual")
+    law = multi_law(*cases[2])[0]  # drafts (3, 599): 3 rejected (1/3), then 599 kept (4/5)
+    assert sum(w for (n, _, br), w in law.items() if (n, br) == (1, 1)) == F(1, 3) * F(4, 5)
+    assert {y for (n, y, _) in law if n == 0} == {255, 512}
+
+
+@pytest.mark.parametrize("kernel", [verify_multi, verify_multi_device])
+def test_multi_draft_round_law_across_blocks(kernel):
     """One round of 2 i.i.d. branches (k = 1), every pair of drafts enumerated (kernel_round_law)."""
     T, D = _edge_chain(V)
     assert_exact_law(
-        kernel_round_law(verify_multi, T, D, V, 1, "token", branches=2),
+        kernel_round_law(kernel, T, D, V, 1, "token", branches=2),
         round_law(T, D, V, 1, "token", branches=2),
         "multi round",
     )
