@@ -129,9 +129,24 @@ def _rms(x: torch.Tensor, m: torch.nn.RMSNorm) -> torch.Tensor:
     return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
+def _one_run(s: torch.Tensor | np.ndarray, s0: int) -> bool:
+    """Whether the slots ``s`` ``[R, W]`` are ``s0, s0 + 1, ..., s0 + W - 1`` in every row."""
+    if isinstance(s, np.ndarray):
+        return bool((s == s0 + np.arange(s.shape[1])).all())
+    return bool((s == s0 + torch.arange(s.shape[1], device=s.device)).all())
+
+
+_CAUSAL: dict[Any, torch.Tensor] = {}
+
+
+def _causal(n: int, device: torch.device) -> torch.Tensor:
+    """A lower-triangular boolean ``[>= n, >= n]`` (True: the slot is visible), kept per device;
+    ``_causal(n)[a : b, :n]`` is the causal mask of slots ``a .. b - 1`` over slots ``0 .. n - 1``."""
+    t = _CAUSAL.get(device)
+    if t is None or t.shape[0] < n:
+        m = max(n, 2 * (0 if t is None else t.shape[0]), 256)
+        t = _CAUSAL[device] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+    return t[:n, :n]
 
 
 class FeatureDraft(torch.nn.Module):
@@ -172,9 +187,10 @@ class FeatureDraft(torch.nn.Module):
         return cache
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[R, 1, W, head_dim]`` of rotate-half RoPE at ``positions`` ``[R, W]``. Without
-        autograd (drafting) they are read from a table by position, computed once per device and
-        dtype with the same formula (the same numbers)."""
+        """cos and signed sin ``[R, W, 1, 1, head_dim]`` of rotate-half RoPE at ``positions`` ``[R, W]``
+        (the sine's first half negated: ``rotate_half(x) * sin == x.roll(d / 2) * signed_sin``, the same
+        numbers). Without autograd (drafting) they are read from a table by position, computed once
+        per device and dtype with the same formula."""
         if torch.is_grad_enabled():
             return self._rope(positions, dtype)
         n = int(positions.max()) + 1
@@ -182,44 +198,50 @@ class FeatureDraft(torch.nn.Module):
         tab = self.__dict__.get("_rope_table")
         if tab is None or tab[0] != key or tab[1].shape[0] < n:
             m = max(n, 2 * (tab[1].shape[0] if tab is not None and tab[0] == key else 0), 256)
-            cos, sin = self._rope(torch.arange(m, device=positions.device)[None], dtype)  # [1, 1, m, d]
-            tab = (key, cos[0, 0], sin[0, 0])
+            cos, sin = self._rope(torch.arange(m, device=positions.device)[None], dtype)  # [1, m, 1, 1, d]
+            tab = (key, cos[0], sin[0])
             self.__dict__["_rope_table"] = tab
-        return tab[1][positions][:, None], tab[2][positions][:, None]
+        return tab[1][positions], tab[2][positions]
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         ft = torch.float64 if dtype == torch.float64 else torch.float32
         d = self.head_dim
         inv = self.config["rope_theta"] ** (-torch.arange(0, d, 2, device=positions.device, dtype=ft) / d)
         ang = positions[..., None].to(ft) * inv  # [R, W, d/2]
-        ang = torch.cat([ang, ang], dim=-1)[:, None]  # [R, 1, W, d]
-        return ang.cos().to(dtype), ang.sin().to(dtype)
+        sin = ang.sin()
+        cos = torch.cat([ang.cos()] * 2, dim=-1)[:, :, None, None]  # [R, W, 1, 1, d]
+        sin = torch.cat([-sin, sin], dim=-1)[:, :, None, None]
+        return cos.to(dtype), sin.to(dtype)
 
     def attention(self, x: torch.Tensor, positions: torch.Tensor, cache: FeatureCache | None,
-                  slots: torch.Tensor | None, visible: torch.Tensor | None) -> torch.Tensor:
+                  slots: torch.Tensor | np.ndarray | None, visible: torch.Tensor | None) -> torch.Tensor:
         R, W, H = x.shape
-        q, k, v = _lin(x, self.qkv).view(R, W, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [R, nh, W, d]
-        cos, sin = self.rope(positions, x.dtype)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        qkv = _lin(x, self.qkv).view(R, W, 3, self.n_heads, self.head_dim)  # [R, W, 3, nh, d]
+        cos, sin = self.rope(positions, x.dtype)  # [R, W, 1, 1, d]
+        qk = qkv[:, :, :2]  # queries and keys rotated together
+        q, k = (qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin).permute(2, 0, 3, 1, 4)  # [R, nh, W, d]
+        v = qkv[:, :, 2].transpose(1, 2)  # [R, nh, W, d]
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [R, nh, W, d]
         else:
             if slots is None:
                 raise ValueError("with a cache, pass slots [R, W] (and visible [R, W, C'], or None: causal)")
-            slots = slots.to(x.device)
-            top = int(slots.max()) + 1
+            # slots on the host (a NumPy array: what drafting passes) are read without a device sync
+            s = slots if isinstance(slots, np.ndarray) else slots.to(x.device)
+            top = int(s.max()) + 1
             cache.ensure_capacity(max(top, 0 if visible is None else visible.shape[-1]))
-            s0 = int(slots[0, 0])
-            if visible is None and W == 1 and bool((slots == s0).all()):  # one column per row, one slot
-                cache.keys[:, :, s0 : s0 + 1] = k.to(cache.dtype)
-                cache.values[:, :, s0 : s0 + 1] = v.to(cache.dtype)
-                mask = None  # every slot up to its own
+            s0 = int(s[0, 0])
+            if visible is None and _one_run(s, s0):  # every row's columns at slots s0 .. s0 + W - 1
+                cache.keys[:, :, s0 : s0 + W] = k.to(cache.dtype)
+                cache.values[:, :, s0 : s0 + W] = v.to(cache.dtype)
+                mask = None if W == 1 else _causal(top, x.device)[s0 : s0 + W]  # every slot up to its own
             else:
+                s = torch.as_tensor(s, device=x.device)
                 rows = torch.arange(R, device=x.device)[:, None].expand(R, W)  # [R, W]
-                cache.keys[rows, :, slots] = k.transpose(1, 2).to(cache.dtype)  # [R, W, nh, d]
-                cache.values[rows, :, slots] = v.transpose(1, 2).to(cache.dtype)
+                cache.keys[rows, :, s] = k.transpose(1, 2).to(cache.dtype)  # [R, W, nh, d]
+                cache.values[rows, :, s] = v.transpose(1, 2).to(cache.dtype)
                 if visible is None:  # causal: each column sees the slots up to its own
-                    visible = torch.arange(top, device=x.device)[None, None, :] <= slots[:, :, None]
+                    visible = torch.arange(top, device=x.device)[None, None, :] <= s[:, :, None]
                 mask = visible.to(device=x.device, dtype=torch.bool)[:, None]  # [R, 1, W, C]
             C = top if mask is None else mask.shape[-1]
             y = F.scaled_dot_product_attention(q, cache.keys[:, :, :C], cache.values[:, :, :C],
@@ -227,20 +249,26 @@ class FeatureDraft(torch.nn.Module):
         return _lin(y.transpose(1, 2).reshape(R, W, H), self.proj)
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                cache: FeatureCache | None = None, slots: torch.Tensor | None = None,
-                visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                cache: FeatureCache | None = None, slots: torch.Tensor | np.ndarray | None = None,
+                visible: torch.Tensor | None = None, keep: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(hidden [R, W, H], logits [R, W, V])`` of columns (feature at ``positions``, next token).
 
         Without ``cache``: causal attention over the ``W`` columns. With one: column ``j`` of row
         ``r`` writes its key/value at slot ``slots[r, j]`` first, then attends to the slots
         ``s < visible.shape[-1]`` where ``visible[r, j, s]`` (``visible=None``: every slot up to
-        ``slots[r, j]``, the causal case of chains).
+        ``slots[r, j]``, the causal case of chains). ``slots`` as a NumPy array (on the host) spares
+        a device sync when the draft runs on an accelerator. ``keep`` ``[R]``: return only column
+        ``keep[r]`` of each row (``[R, 1, H]``, ``[R, 1, V]``; every column still writes its key and
+        value), sparing the rest of the layer and the output embedding on columns nobody reads.
         """
         embed, lm_head = self._shared
         w = self.fc.weight
         e = frozen_call(embed, tokens.to(w.device)).to(w.dtype)  # [R, W, H]
         x = _lin(torch.cat([features.to(w.dtype), e], dim=-1), self.fc)  # [R, W, H]
         x = x + self.attention(_rms(x, self.attn_norm), positions.to(w.device), cache, slots, visible)
+        if keep is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), keep.to(x.device)][:, None]  # [R, 1, H]
         gate, up = _lin(_rms(x, self.mlp_norm), self.gate_up).chunk(2, dim=-1)  # [R, W, I] each
         x = x + _lin(F.silu(gate) * up, self.down)  # [R, W, H]
         return x, frozen_call(lm_head, x.to(lm_head.weight.dtype))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from speculate.distributions import Categorical
+from speculate._inverse_cdf import draw_rows
 from speculate.verify import Tree
 
 from .feature_draft import FeatureDraft
@@ -67,12 +67,14 @@ def _draw_depth(logits: torch.Tensor, tr: Transforms, rng: np.random.Generator, 
     if tr.greedy:
         out[:, d] = x.argmax(-1).cpu().numpy()
         return
-    pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, V]
-    if not np.isfinite(pr.sum(-1)).all():
+    pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, V] or [R, depths, V]
+    flat = pr.reshape(-1, pr.shape[-1])
+    idx, status = draw_rows(flat, rng.random(flat.shape[0]))  # Categorical.sample's uniforms, row-major
+    if status:  # softmax rows are NaN only where a logit was NaN or +inf
         raise ValueError("the draft's logits are not finite (NaN or +inf): its weights or "
                          "activations overflowed or hold NaN")
     q[:, d] = pr
-    out[:, d] = Categorical(probs=pr, validate=False).sample(rng)
+    out[:, d] = idx.reshape(pr.shape[:-1])
 
 
 class _FeatureReader:
@@ -243,11 +245,11 @@ class EagleDraft(_FeatureReader):
         known = np.minimum(pos, np.maximum(n - 1, 0)[:, None])
         feats = self.fbuf[rt[:, None], torch.as_tensor(known, device=dev)]  # [R, W, H]
         nxt = tokens.ids[rows[:, None], np.minimum(pos + 1, tokens.ids.shape[1] - 1)]  # [R, W]
-        pos_t = torch.as_tensor(pos, device=dev)
-        h, lg = self.fd(feats, torch.as_tensor(nxt, device=dev), pos_t, self.cache, pos_t)  # causal over the slots
         last = torch.as_tensor(np.maximum(P - 1, 0), device=dev)
+        h, lg = self.fd(feats, torch.as_tensor(nxt, device=dev), torch.as_tensor(pos, device=dev), self.cache,
+                        pos, keep=last)  # causal over the slots; the outputs of each row's last column
         self.clen = n.copy()
-        return h[rt, last], lg[rt, last]
+        return h[:, 0], lg[:, 0]
 
     def _chain(self, rows: np.ndarray, tokens: TokenBuffer, k: int, cap: np.ndarray, tr: Transforms,
                rng: np.random.Generator, vocab: int) -> Drafted:
@@ -263,13 +265,13 @@ class EagleDraft(_FeatureReader):
             return Drafted(out, q, lengths, None)
         h, lg = self._root(rows, tokens)  # [R, H], [R, V]
         dev = h.device
-        slot = torch.as_tensor(self.flen - 1, device=dev)[:, None]  # [R, 1]: the root's
+        slot = (self.flen - 1)[:, None]  # [R, 1]: the root's (on the host: no device sync per step)
         for d in range(steps):
             _draw_depth(lg, tr, rng, out, q, d)
             if d + 1 < steps:  # node d + 1: (the feature predicted at node d, draft d)
                 slot = slot + 1
-                hh, ll = self.fd(h[:, None], torch.as_tensor(out[:, d : d + 1], device=dev), slot, self.cache,
-                                 slot)  # it sees every slot up to its own
+                hh, ll = self.fd(h[:, None], torch.as_tensor(out[:, d : d + 1], device=dev),
+                                 torch.as_tensor(slot, device=dev), self.cache, slot)  # sees every slot up to its own
                 h, lg = hh[:, 0], ll[:, 0]
         return Drafted(out, q, lengths, None)
 
@@ -307,7 +309,7 @@ class EagleDraft(_FeatureReader):
             r_, m_ = np.nonzero(~on)
             visible[r_, m_, C - 1] = True  # unused columns see only their own spare slot
             h, lg = self.fd(f_in, torch.as_tensor(toks[rr[:, None], v], device=dev), torch.as_tensor(pos, device=dev),
-                            self.cache, torch.as_tensor(slots, device=dev), torch.as_tensor(visible, device=dev))
+                            self.cache, slots, torch.as_tensor(visible, device=dev))
             r_, m_ = np.nonzero(on)
             hid[0][torch.as_tensor(r_, device=dev), torch.as_tensor(v[r_, m_], device=dev)] = h[
                 torch.as_tensor(r_, device=dev), torch.as_tensor(m_, device=dev)]
