@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from speculate.distributions import Categorical
-from speculate.verify.device import DeviceCategorical, draw
+from speculate.verify.device import DeviceCategorical, draw, upload
 
 from .encoder_decoder import (
     EncoderState,
@@ -150,7 +150,7 @@ class ModelDraft:
         block = self._known(tokens.block(rows, start, W))  # [R, W]
         logits = self.lm.forward(torch.from_numpy(block), start, valid=P)  # [R, W, Vd]
         dev = logits.device
-        last = logits[torch.arange(R, device=dev), torch.as_tensor(P - 1, device=dev)]  # [R, Vd]
+        last = logits[torch.arange(R, device=dev), upload(P - 1, dev)]  # [R, Vd]
         if self.on_device and not prefixed:
             return self._on_device(last, start, P, lengths, steps, k, cfg, rng, vocab)
         outcomes = np.zeros((R, k), np.int64)
@@ -185,7 +185,7 @@ class ModelDraft:
         R = len(start)
         xs, qs = [], []
         # every step's uniforms in one upload (the same numbers as one rng.random(R) per step)
-        u = None if cfg.greedy else torch.from_numpy(rng.random((steps, R))).to(last.device)
+        u = None if cfg.greedy else upload(rng.random((steps, R)), last.device)
         for i in range(steps):
             if cfg.greedy:
                 x = self._argmax(last, vocab)  # [R]

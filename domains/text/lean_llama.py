@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from speculate.verify.device import upload
+
 from .cuda_graphs import StepGraphs
 from .kv_cache import CachedModel, _probe, remembered
 from .lean_cache import SlotCache, plain_weights
@@ -154,9 +156,9 @@ class LeanLlama(SlotCache):
         R, W = tokens.shape
         start, top, s0, uniform = self._span(start, W)  # slots 0 .. top-1 are read
         dev = self.device_
-        pos = torch.as_tensor(start, device=dev)[:, None] + torch.arange(W, device=dev)[None, :]  # [R, W]
+        pos = upload(start, dev)[:, None] + torch.arange(W, device=dev)[None, :]  # [R, W]
         if self.graphs is not None and W <= STATIC_WIDTH:
-            out = self.graphs(tokens.to(dev), pos, self.k[0].shape[0], self._epoch)
+            out = self.graphs(upload(tokens, dev), pos, self.k[0].shape[0], self._epoch)
             return out[:, -1:] if last_only else out
         if uniform and W == 1:
             mask = None  # one new token per row, all at the same slot: it sees every slot < top
@@ -164,7 +166,7 @@ class LeanLlama(SlotCache):
             keys = torch.arange(top, device=dev)
             mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [R, 1, W, top]
         rows, at = (None, None) if uniform else (torch.arange(R, device=dev)[:, None], pos)  # [R, 1], [R, W]
-        return self._run(tokens.to(dev), pos, mask, (s0, rows, at, top), last_only)
+        return self._run(upload(tokens, dev), pos, mask, (s0, rows, at, top), last_only)
 
     def _step(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The static step: logits ``[b, W, V]`` of ``tokens`` ``[b, W]`` at positions ``pos`` ``[b, W]``

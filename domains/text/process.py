@@ -31,7 +31,7 @@ import torch
 from speculate.distributions import Categorical
 from speculate.rounds import Proposal, Verdict
 from speculate.verify import Tree
-from speculate.verify.device import DeviceCategorical
+from speculate.verify.device import DeviceCategorical, upload
 from speculate.verify.tree import tree_depths
 
 from .kv_cache import CachedModel, advance_length
@@ -247,8 +247,7 @@ class TextProcess:
         rr = np.repeat(np.arange(R), k).reshape(R, k)
         block[rr[valid], cols[valid]] = drafts[valid]
         logits = self.target.forward(torch.from_numpy(block), start, valid=P + lengths)  # [R, W, V]
-        idx = torch.as_tensor(P[:, None] - 1 + np.arange(k + 1)[None, :],
-                              device=logits.device)  # [R, k+1]
+        idx = upload(P[:, None] - 1 + np.arange(k + 1)[None, :], logits.device)  # [R, k+1]
         sel = logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # [R, k+1, V]
         ctx = proposal.context
         ctx.pending, ctx.fed = P, lengths

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "multi_device", "token_device",
+__all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "multi_device", "token_device", "upload",
            "verify_block_device", "verify_device_round", "verify_greedy_device", "verify_multi_device",
            "verify_token_device"]
 
@@ -62,6 +62,14 @@ class DeviceCategorical:
         return int(self.probs.shape[-1])
 
 
+def upload(x: Any, device: Any) -> Tensor:
+    """``x`` (a host array or tensor) on ``device`` without making the host wait for the device: a
+    copy from host memory is queued (``non_blocking``; from pageable memory CUDA stages the bytes
+    before returning, so ``x`` may change afterwards), where a plain ``.to(device)`` would wait for
+    every kernel queued before it. On the CPU: ``x`` itself as a tensor."""
+    return torch.as_tensor(x).to(device, non_blocking=True)
+
+
 def verify_device_round(
     target: DeviceCategorical, proposal: Any, rule: str, branches: int, k: int, R: int, lengths: np.ndarray,
     rng: np.random.Generator,
@@ -75,7 +83,7 @@ def verify_device_round(
     m = branches
     p, drafts, oshape = _round_drafts(target, proposal, m, k, R)
     dev = p.device
-    lens = torch.from_numpy(np.ascontiguousarray(lengths, np.int64)).to(dev)
+    lens = upload(np.ascontiguousarray(lengths, np.int64), dev)
     if rule == "greedy":
         if m != 1:
             raise ValueError("greedy verification takes one draft branch (branches=1)")
@@ -85,7 +93,7 @@ def verify_device_round(
         q = _round_q(proposal.dists, p, drafts, (*oshape, target.num_outcomes))
         if m != 1 and rule != "token":
             raise ValueError(f"multi-draft (branches={m}) uses recursive rejection: pass verify='token'")
-        u = torch.from_numpy(rng.random(R + R * k * m)).to(dev)  # one copy; the CPU route's order: u_next, u_accept
+        u = upload(rng.random(R + R * k * m), dev)  # one copy; the CPU route's order: u_next, u_accept
         u_next, u_accept = u[:R], u[R:].view((R, k, m) if m != 1 else (R, k))
         if m != 1:
             n, nxt, branch, ok = multi_device(p, q, drafts, lens, u_accept, u_next)
@@ -112,7 +120,7 @@ def _round_drafts(target: DeviceCategorical, proposal: Any, m: int, k: int,
         raise ValueError(f"drafted outcomes must have shape {oshape}, got {outcomes.shape}")
     if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):
         raise ValueError(f"drafted outcome outside 0..{V - 1}")
-    return p, torch.from_numpy(outcomes).to(p.device), oshape
+    return p, upload(outcomes, p.device), oshape
 
 
 def _round_q(d: Any, p: Tensor, drafts: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -123,7 +131,7 @@ def _round_q(d: Any, p: Tensor, drafts: Tensor, shape: tuple[int, ...]) -> Tenso
     elif isinstance(d, DeviceCategorical):
         q = d.probs.to(p.device)
     else:  # a host Categorical
-        q = torch.from_numpy(np.ascontiguousarray(d.probs)).to(p.device)
+        q = upload(np.ascontiguousarray(d.probs), p.device)
     if tuple(q.shape) != shape:
         raise ValueError(f"draft distributions must be [R, {'m, ' if len(shape) == 4 else ''}k, V] = {shape}, "
                          f"got {tuple(q.shape)}")
