@@ -65,6 +65,12 @@ def machine(device: str = "cpu") -> dict[str, Any]:
     return out
 
 
+def short_error(err: str, n: int = 400) -> str:
+    """An error message on one line, cut to ``n`` characters (for a Markdown table or note)."""
+    err = " ".join(err.split())
+    return err if len(err) <= n else err[: n - 3] + "..."
+
+
 def describe(m: dict[str, Any]) -> str:
     """One line for a Markdown report: the machine in words."""
     threads = f", {m['torch_threads']} torch thread(s)" if "torch_threads" in m else ""

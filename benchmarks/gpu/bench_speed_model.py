@@ -59,7 +59,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import describe, machine, write  # noqa: E402
+from report import describe, machine, short_error, write  # noqa: E402
 
 from speculate import theory  # noqa: E402
 
@@ -509,7 +509,7 @@ def markdown(res: dict) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for name, rec in b["configs"].items():
                 if "error" in rec:
-                    L.append(f"| {name} | failed: `{_short(rec['error'])}` |||||||||||")
+                    L.append(f"| {name} | failed: `{short_error(rec['error'], 300)}` |||||||||||")
                     continue
                 for p in rec.get("overhead", []):
                     L.append(f"| {name} | {p['k']} | {p['k_mean']:.2f} | {p['rounds']:.0f} | {_ms(p['round_s'])} | "
@@ -554,10 +554,6 @@ def markdown(res: dict) -> str:
               "run it with `--device cuda`."]
     return "\n".join(L) + "\n"
 
-
-def _short(err: str, n: int = 300) -> str:
-    err = " ".join(err.split())
-    return err if len(err) <= n else err[: n - 3] + "..."
 
 
 OVERHEAD_METHOD = (
@@ -723,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 run_preset(preset, ctx, n_new, sizes, args, dtype, sync, deadline, res, save)
             except Exception as e:  # out of memory building the 8B, say: record it, go on
-                res["skipped"].append(f"preset {preset}: failed: {type(e).__name__}: {_short(str(e))}")
+                res["skipped"].append(f"preset {preset}: failed: {type(e).__name__}: {short_error(str(e), 300)}")
                 print(res["skipped"][-1], flush=True)
             free_memory(args.device)
         save()

@@ -46,7 +46,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import describe, machine, write  # noqa: E402
+from report import describe, machine, short_error, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 
 from speculate import theory  # noqa: E402
@@ -347,9 +347,9 @@ def setting_section(s: dict, step: str = "decoding step", per: str = "token") ->
             f"{f('width_cost_r')} | {f('prediction_with_width_cost')} |")
     if s.get("assisted_batch_error"):
         lines += ["", f"transformers assisted generation at batch {s['batch']}: "
-                  f"`{_short(s['assisted_batch_error'])}`"]
+                  f"`{short_error(s['assisted_batch_error'])}`"]
     for m, err in s.get("refused", {}).items():
-        lines += ["", f"`{m}` refused (left out of the timings): `{_short(err)}`"]
+        lines += ["", f"`{m}` refused (left out of the timings): `{short_error(err)}`"]
     if "same_new_tokens" in s:
         lines += ["", "Same work: every method decoded "
                   + (f"{s['new_tokens_by_method']['plain']} new tokens"
@@ -385,10 +385,6 @@ def markdown(res: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _short(err: str, n: int = 400) -> str:
-    err = " ".join(err.split())
-    return err if len(err) <= n else err[: n - 3] + "..."
-
 
 def goals(res: dict) -> list[str]:
     out = []
@@ -399,7 +395,7 @@ def goals(res: dict) -> list[str]:
         if s["batch"] == 1 and "assisted" in s.get("refused", {}):
             out.append(f"batch 1: {best} speedup over plain decoding = "
                        f"{r['speedup_vs_plain']:.2f}; transformers' assisted generation refuses "
-                       f"this pair ({_short(s['refused']['assisted'], 160)})")
+                       f"this pair ({short_error(s['refused']['assisted'], 160)})")
         if s["batch"] == 1 and "assisted" not in s.get("refused", {}):
             v = r.get("speedup_vs_assisted", float("nan"))
             out.append(f"batch 1: {best} / assisted generation = {v:.2f} (goal >= 1.3: "
