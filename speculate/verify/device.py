@@ -297,21 +297,25 @@ def multi_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
     running = ((lengths >= 0) & (lengths <= K1 - 1)).all(dim=1)  # [B]: a bad length stops the row at once
     ok = running.clone()
     alive = torch.ones((B, m), dtype=torch.bool, device=dev)  # [B, m]: branches that agree with the kept prefix
-    n, nxt, branch = (torch.zeros(B, dtype=torch.int64, device=dev) for _ in range(3))
+    n, branch = (torch.zeros(B, dtype=torch.int64, device=dev) for _ in range(2))
+    ended = torch.zeros(B, dtype=torch.bool, device=dev)  # [B]: the rows whose next outcome is drawn
+    w_end: Tensor | None = None  # [B, V]: the weights each row draws from (its last residual or p's row)
+    p_end: Tensor | None = None  # [B, V]: p's row at that depth (a draw where p = 0 is flagged)
     for d in range(K1):
         j0 = torch.argmax(alive.to(torch.uint8), dim=1)  # [B]: the first live branch
         p_row = p[ar, j0, d].double()  # [B, V]
         w, kept, bad = _multi_depth(p_row, q, drafts, lengths, u_accept, running & alive.T, d, tiny)
         ok &= ~bad
         end = running & ~bad & (kept < 0)  # [B]: every candidate rejected, or none: the next outcome is drawn here
-        y, y_ok = _multi_next(p_row, w, u_next)
-        n, nxt, branch = torch.where(end, d, n), torch.where(end, y, nxt), torch.where(end, j0, branch)
-        ok &= ~end | y_ok
+        n, branch, ended = torch.where(end, d, n), torch.where(end, j0, branch), ended | end
+        w_end = w if w_end is None else torch.where(end[:, None], w, w_end)  # [B, V]: what the draw reads
+        p_end = p_row if p_end is None else torch.where(end[:, None], p_row, p_end)
         running = running & ~bad & (kept >= 0)  # [B]: a draft kept at depth d
         if d < K1 - 1:
             x = drafts[:, :, d].gather(1, kept.clamp(min=0)[:, None])  # [B, 1]: the kept outcome
             alive = torch.where(running[:, None], alive & (lengths > d) & (drafts[:, :, d] == x), alive)
-    return n, nxt, branch, ok
+    nxt, y_ok = _multi_next(p_end, w_end, u_next)  # ONE draw per row, at the depth where it ended
+    return n, nxt, branch, ok & (~ended | y_ok)
 
 
 def _multi_depth(p_row: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor, u_accept: Tensor, live: Tensor,
