@@ -20,9 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-
 from report import ROOT, describe, machine, write
 
 import speculate.verify.device as after_mod
