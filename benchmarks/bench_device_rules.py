@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
              "| rule | before (ms) | after (ms) | after / before |", "|---|---|---|---|"]
     for rule, d in med.items():
         if len(d) == 2:
-            lines.append(f"| {rule} | {1e3 * d['before']:.2f} | {1e3 * d['after']:.2f} | {d['after'] / d['before']:.3f} |")
+            b, a = d["before"], d["after"]
+            lines.append(f"| {rule} | {1e3 * b:.2f} | {1e3 * a:.2f} | {a / b:.3f} |")
     write("device_rules", {"command": env["command"], "before": rev, "shape": args.shape, "times_s": times,
                            "median_s": med, "machine": env}, "\n".join(lines))
     print("\n".join(lines))
