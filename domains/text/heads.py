@@ -144,71 +144,64 @@ def load_weights(module: torch.nn.Module, folder: str | os.PathLike[str], weight
 # the heads
 
 
-class ResBlock(torch.nn.Module):
-    """``h + SiLU(W h + b)``, zero at initialisation (the identity)."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(hidden, hidden)
-        torch.nn.init.zeros_(self.linear.weight)
-        torch.nn.init.zeros_(self.linear.bias)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h + F.silu(self.linear(h))
-
-
 class MedusaHeads(torch.nn.Module):
     """``n_heads`` heads of ``n_layers`` residual blocks and an output embedding each.
 
     ``forward(features [..., H]) -> logits [..., n_heads, V]``; head ``i`` at position ``t``
-    drafts token ``t + 2 + i``. ``config``: hidden_size, vocab_size, n_heads, n_layers and the
-    target's family and depth (for error messages).
+    drafts token ``t + 2 + i``. The heads' weights are stacked over heads, so every layer of all
+    heads is one batched matrix product (a drafting call is three of them with two layers, not
+    twelve): ``weight`` ``[n_layers, n_heads, H, H]`` and ``bias`` ``[n_layers, n_heads, 1, H]``
+    (block ``l`` of head ``i``: ``h + SiLU(h @ weight[l, i] + bias[l, i])``, zero at
+    initialisation) and ``out`` ``[n_heads, H, V]`` (logits ``h @ out[i]``). ``config``:
+    hidden_size, vocab_size, n_heads, n_layers and the target's family and depth (for error
+    messages).
     """
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = dict(config)
-        H, V = config["hidden_size"], config["vocab_size"]
-        self.heads = torch.nn.ModuleList(
-            torch.nn.Sequential(*[ResBlock(H) for _ in range(config["n_layers"])],
-                                torch.nn.Linear(H, V, bias=False))
-            for _ in range(config["n_heads"]))
+        H, V, n, L = config["hidden_size"], config["vocab_size"], config["n_heads"], config["n_layers"]
+        self.weight = torch.nn.Parameter(torch.zeros(L, n, H, H))
+        self.bias = torch.nn.Parameter(torch.zeros(L, n, 1, H))
+        self.out = torch.nn.Parameter(torch.zeros(n, H, V))
 
     @property
     def n_heads(self) -> int:
-        return len(self.heads)
+        return self.out.shape[0]
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return torch.stack([head(features) for head in self.heads], dim=-2)  # [..., n_heads, V]
+        lead, H = features.shape[:-1], features.shape[-1]
+        return self._logits(features.reshape(-1, H)).transpose(0, 1).reshape(*lead, self.n_heads, -1)  # [..., n, V]
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:  # .to(), .float(), .cuda(): parameters may be new
-        self.__dict__.pop("_plist", None)
-        return super()._apply(fn, *args, **kwargs)
-
-    @torch.no_grad()
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` on ``features`` ``[R, H]`` as three batched matrix products over the heads
-        (what drafting calls: ``[R, n_heads, V]``, equal up to float rounding). The stacked weights
-        are rebuilt whenever a parameter changes: an in-place update (its version counter), a move
-        or cast (its data). The parameter list is kept between calls (walking the modules costs more
-        than the heads) and dropped by every ``.to()``/``.float()``; a module replaced by assignment
-        after the first call is not seen, which can only make drafts worse, never the output law
-        (the verifier gets the law each draft was drawn from)."""
-        plist = self.__dict__.get("_plist")
-        if plist is None:
-            plist = self.__dict__["_plist"] = list(self.parameters())
-        key = tuple((p.data_ptr(), p._version) for p in plist)
-        if self.__dict__.get("_stacked_key") != key:
-            L = self.config["n_layers"]
-            Ws = [torch.stack([h[i].linear.weight.T for h in self.heads]) for i in range(L)]  # [n, H, H]
-            bs = [torch.stack([h[i].linear.bias for h in self.heads])[:, None] for i in range(L)]  # [n, 1, H]
-            P = torch.stack([h[-1].weight.T for h in self.heads])  # [n, H, V]
-            self.__dict__["_stacked"], self.__dict__["_stacked_key"] = (Ws, bs, P), key
-        Ws, bs, P = self.__dict__["_stacked"]
-        x = features.to(P.dtype).expand(self.n_heads, *features.shape)  # [n, R, H]
-        for W, b in zip(Ws, bs, strict=True):
-            x = x + F.silu(torch.baddbmm(b, x, W))  # [n, R, H]
-        return torch.bmm(x, P).transpose(0, 1)  # [R, n, V]
+        """:meth:`forward` without autograd on ``features`` ``[R, H]``: ``[R, n_heads, V]`` (a view;
+        what drafting calls, with no more than the three batched products)."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self._logits(features).transpose(0, 1)
+        return self._logits(features).transpose(0, 1)
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        """``[n_heads, N, V]`` from ``features`` ``[N, H]``."""
+        W, b, P = self.weight, self.bias, self.out
+        x = features.to(P.dtype).expand(P.shape[0], *features.shape)  # [n, N, H]
+        for layer in range(W.shape[0]):
+            x = x + F.silu(torch.baddbmm(b[layer], x, W[layer]))  # [n, N, H]
+        return torch.bmm(x, P)  # [n, N, V]
+
+    def _load_from_state_dict(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        """Heads saved one module per head (``heads.{i}.{l}.linear.{weight,bias}`` and
+        ``heads.{i}.{n_layers}.weight``, as before the weights were stacked) load too."""
+        old = f"{prefix}heads."
+        if any(k.startswith(old) for k in state):
+            n, L = self.config["n_heads"], self.config["n_layers"]
+            ws = [[state.pop(f"{old}{i}.{j}.linear.weight").T for i in range(n)] for j in range(L)]
+            bs = [[state.pop(f"{old}{i}.{j}.linear.bias")[None] for i in range(n)] for j in range(L)]
+            H = self.config["hidden_size"]
+            state[f"{prefix}weight"] = torch.stack([torch.stack(w) for w in ws]) if L else torch.zeros(0, n, H, H)
+            state[f"{prefix}bias"] = torch.stack([torch.stack(b) for b in bs]) if L else torch.zeros(0, n, 1, H)
+            state[f"{prefix}out"] = torch.stack([state.pop(f"{old}{i}.{L}.weight").T for i in range(n)])
+        super()._load_from_state_dict(state, prefix, *args)
 
     @classmethod
     def for_target(cls, target: torch.nn.Module, n_heads: int = 4, n_layers: int = 1) -> MedusaHeads:
@@ -219,8 +212,7 @@ class MedusaHeads(torch.nn.Module):
         w = output_weight(target)  # [V, H]
         heads.to(device=w.device, dtype=w.dtype)
         with torch.no_grad():
-            for head in heads.heads:
-                head[-1].weight.copy_(w)
+            heads.out.copy_(w.T.expand_as(heads.out))
         return heads
 
     def check_target(self, target: torch.nn.Module) -> None:

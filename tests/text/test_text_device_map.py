@@ -99,7 +99,7 @@ def test_heads_built_on_the_spread_target_read_its_offloaded_head(pair):
     assert spread_target.lm_head.weight.device.type == "meta"
     assert torch.equal(output_weight(spread_target), target.lm_head.weight)
     heads = MedusaHeads.for_target(spread_target, n_heads=2)
-    assert all(torch.equal(h[-1].weight, target.lm_head.weight) for h in heads.heads)
+    assert all(torch.equal(out.T, target.lm_head.weight) for out in heads.out)
     assert FeatureDraft.for_target(spread_target).fc.weight.device == torch.device("cpu")
 
 

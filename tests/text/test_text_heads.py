@@ -190,21 +190,58 @@ def test_shipped_drafts_load_on_the_embedded_target():
     assert feature_draft_acceptance(target, draft, ids)[0] > feature_draft_acceptance(target, fresh, ids)[0]
 
 
-def test_draft_logits_equal_forward_and_follow_weight_changes():
-    """Drafting's batched form of the heads gives forward's logits, also after the weights change."""
+def _per_head(heads: MedusaHeads, f: torch.Tensor) -> torch.Tensor:
+    """The heads' definition, one head and one block at a time: ``[R, n_heads, V]``."""
+    out = []
+    for i in range(heads.n_heads):
+        h = f
+        for layer in range(heads.config["n_layers"]):
+            h = h + torch.nn.functional.silu(h @ heads.weight[layer, i] + heads.bias[layer, i, 0])
+        out.append(h @ heads.out[i])
+    return torch.stack(out, dim=-2)
+
+
+def test_stacked_heads_equal_one_head_at_a_time():
+    """Every head's blocks and output layer, batched over heads, give each head's own logits, also
+    after the weights change (drafting reads the live parameters: nothing derived is kept)."""
     target = tiny_llama(vocab=64, hidden=32, layers=2, dtype=torch.float64)
     heads = MedusaHeads.for_target(target, n_heads=3, n_layers=2).to(torch.float64)
-    f = torch.randn(5, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(heads.draft_logits(f), heads(f).detach())
+    g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        heads.heads[1][0].linear.weight.add_(0.5)
-    torch.testing.assert_close(heads.draft_logits(f), heads(f).detach())
-    heads.load_state_dict({k: v + 0.25 for k, v in heads.state_dict().items()})  # copied in place
-    torch.testing.assert_close(heads.draft_logits(f), heads(f).detach())
-    torch.__future__.set_overwrite_module_params_on_conversion(True)  # a cast makes new Parameter objects
-    try:
-        heads.float()
-    finally:
-        torch.__future__.set_overwrite_module_params_on_conversion(False)
+        for p in heads.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    f = torch.randn(5, 32, dtype=torch.float64, generator=g)
+    torch.testing.assert_close(heads.draft_logits(f), _per_head(heads, f).detach())
+    torch.testing.assert_close(heads(f.expand(2, 5, 32)), _per_head(heads, f).detach().expand(2, 5, 3, 64))
+    with torch.no_grad():
+        heads.weight[1, 2].add_(0.5)
+    torch.testing.assert_close(heads.draft_logits(f), _per_head(heads, f).detach())
+    heads.float()
     assert heads.draft_logits(f.float()).dtype == torch.float32
-    torch.testing.assert_close(heads.draft_logits(f.float()), heads(f.float()).detach())
+    torch.testing.assert_close(heads.draft_logits(f.float()), _per_head(heads, f.float()).detach())
+
+
+def test_heads_saved_one_module_per_head_load(tmp_path):
+    """Heads saved before the weights were stacked (a module per head: ``heads.{i}.{l}.linear.*``
+    and ``heads.{i}.{n_layers}.weight``) load into the stacked layout with the same logits."""
+    from safetensors.torch import save_file
+    from speculate.domains.text.heads import CONFIG_NAME, WEIGHTS_NAME
+
+    target = tiny_llama(vocab=64, hidden=32, layers=2)
+    heads = MedusaHeads.for_target(target, n_heads=3, n_layers=2)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn(p.shape, generator=g))
+    old = {}
+    for i in range(3):
+        for j in range(2):
+            old[f"heads.{i}.{j}.linear.weight"] = heads.weight[j, i].T.contiguous()
+            old[f"heads.{i}.{j}.linear.bias"] = heads.bias[j, i, 0].contiguous()
+        old[f"heads.{i}.2.weight"] = heads.out[i].T.contiguous()
+    heads.save_pretrained(tmp_path)
+    save_file({k: v.detach() for k, v in old.items()}, tmp_path / WEIGHTS_NAME)
+    assert (tmp_path / CONFIG_NAME).is_file()
+    loaded = MedusaHeads.from_pretrained(tmp_path, target)
+    f = torch.randn(4, 32, generator=g)
+    torch.testing.assert_close(loaded.draft_logits(f), heads.draft_logits(f))
