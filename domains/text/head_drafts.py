@@ -245,7 +245,7 @@ class EagleDraft(_FeatureReader):
         known = np.minimum(pos, np.maximum(n - 1, 0)[:, None])
         feats = self.fbuf[rt[:, None], torch.as_tensor(known, device=dev)]  # [R, W, H]
         nxt = tokens.ids[rows[:, None], np.minimum(pos + 1, tokens.ids.shape[1] - 1)]  # [R, W]
-        last = torch.as_tensor(np.maximum(P - 1, 0), device=dev)
+        last = np.maximum(P - 1, 0)  # on the host: a slice where every row's last column is the block's
         h, lg = self.fd(feats, torch.as_tensor(nxt, device=dev), torch.as_tensor(pos, device=dev), self.cache,
                         pos, keep=last)  # causal over the slots; the outputs of each row's last column
         self.clen = n.copy()

@@ -6,6 +6,7 @@ with self-distillation the windows' second halves are the target's own samples.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from speculate.domains.text.conformance import tiny_llama
@@ -141,6 +142,77 @@ def test_cache_column_by_column_equals_causal_forward():
     assert cache.keys.shape[0] == 1
     cache.release()
     assert cache.keys is None
+
+
+@pytest.mark.parametrize("keep", ["last, host", "mixed, host", "mixed, tensor"])
+@pytest.mark.parametrize("slots", ["one run", "per row"])
+def test_keep_returns_those_columns_of_the_full_block(keep, slots):
+    """``keep``: each row's chosen column of what the whole block gives (only that column queries and
+    runs the MLP and head), and every column's key and value still lands in the cache."""
+    draft, feats, tokens, pos = setup(2)
+    prefix = 3
+    start = np.array([prefix, prefix]) if slots == "one run" else np.array([prefix, prefix + 2])
+    W = 5
+    keep_at = {"last, host": np.array([W - 1, W - 1]), "mixed, host": np.array([1, 3]),
+               "mixed, tensor": torch.tensor([4, 0])}[keep]
+    out = []
+    for k in (None, keep_at):
+        cache = draft.new_cache(batch=2, capacity=16)
+        draft(feats[:, :prefix], tokens[:, :prefix], pos[:, :prefix], cache, pos[:, :prefix].numpy())
+        s = start[:, None] + np.arange(W)[None, :]  # [2, W] slots = positions
+        cols = s - start[:, None] + prefix  # the block's columns of feats
+        f = torch.stack([feats[r, cols[r] % 8] for r in range(2)])
+        t = torch.stack([tokens[r, cols[r] % 8] for r in range(2)])
+        out.append((draft(f, t, torch.as_tensor(s), cache, s, keep=k), cache.keys.clone(), cache.values.clone()))
+    (hid, logits), keys, values = out[0]
+    (hid_k, logits_k), keys_k, values_k = out[1]
+    idx = torch.as_tensor(keep_at)
+    assert hid_k.shape == (2, 1, 32) and logits_k.shape == (2, 1, 64)
+    torch.testing.assert_close(hid_k[:, 0], hid[torch.arange(2), idx], atol=1e-10, rtol=0)
+    torch.testing.assert_close(logits_k[:, 0], logits[torch.arange(2), idx], atol=1e-10, rtol=0)
+    assert torch.equal(keys_k, keys) and torch.equal(values_k, values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_drafting_form_equals_the_training_form(dtype):
+    """Without autograd on a CPU the layer runs its drafting form (each RMSNorm as one layer norm of
+    ``[x, -x]``); with autograd the plain one. Both give the same numbers, with and without a cache."""
+    target = llama(dtype=dtype)
+    draft = scrambled(FeatureDraft.for_target(target), 3)
+    g = torch.Generator().manual_seed(3)
+    feats = 2 * torch.randn(2, 6, 32, generator=g, dtype=dtype)
+    tokens, pos = torch.randint(0, 64, (2, 6), generator=g), torch.arange(6).expand(2, 6)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=0)
+    for cached in (False, True):
+        out = []
+        for grad in (True, False):
+            cache = draft.new_cache(2, 8) if cached else None
+            with torch.set_grad_enabled(grad):
+                h, lg = draft(feats, tokens, pos, cache, pos.numpy() if cached else None)
+            out.append((h.detach(), lg.detach()))
+        torch.testing.assert_close(out[1][0], out[0][0], **tol)
+        torch.testing.assert_close(out[1][1], out[0][1], **tol)
+
+
+def test_feature_draft_saved_with_linear_weights_loads(tmp_path):
+    """A draft saved when its layers were ``torch.nn.Linear`` (``weight`` ``[out, in]``) loads into the
+    ``[in, out]`` layout with the same outputs; ``weight`` still reads ``[out, in]``."""
+    from safetensors.torch import save_file
+    from speculate.domains.text.feature_draft import WEIGHTS_NAME
+
+    target = llama()
+    draft = scrambled(FeatureDraft.for_target(target), 4)
+    assert draft.fc.weight.shape == (32, 64) and draft.fc.weight_t.shape == (64, 32)
+    draft.save_pretrained(tmp_path)
+    old = {k.replace("weight_t", "weight"): (v.T if k.endswith("weight_t") else v).contiguous()
+           for k, v in draft.state_dict().items()}
+    assert "qkv.weight" in old and old["qkv.weight"].shape == (96, 32)
+    save_file({k: v.detach() for k, v in old.items()}, tmp_path / WEIGHTS_NAME)
+    loaded = FeatureDraft.from_pretrained(tmp_path, target)
+    feats = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(4))
+    tokens, pos = torch.tensor([[1, 2, 3, 4, 5]]), torch.arange(5)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(feats, tokens, pos)[1], draft(feats, tokens, pos)[1])
 
 
 def test_tree_siblings_and_move():
