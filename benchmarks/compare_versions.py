@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from report import ROOT, describe, machine, write
+from report import ROOT, describe, machine, worktree, write
 
 TEXT_ARGS = "--lookahead 4 --sweep 0 --repeats 2"
 
@@ -68,26 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.strip()
     runs: dict[str, list[dict]] = {"before": [], "after": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        before = Path(tmp) / "before"
-        subprocess.run(["git", "worktree", "add", "--detach", str(before), rev], cwd=ROOT, check=True,
-                       capture_output=True)
-        # The editable install maps speculate.domains to THIS tree's domains/ folder; give the old
-        # revision's speculate package its own domains/ (a link), found first on its import path.
-        if (before / "domains").is_dir() and not (before / "speculate" / "domains").exists():
-            (before / "speculate" / "domains").symlink_to("../domains", target_is_directory=True)
-        try:
-            roots = {"before": before, "after": ROOT}
-            for r in range(args.rounds):
-                order = ("before", "after") if r % 2 == 0 else ("after", "before")
-                for v in order:
-                    out = Path(tmp) / f"{v}{r}"
-                    rec = _chain(_run(roots[v], "bench_chain_overhead.py", "", out, "chain_overhead"))
-                    rec |= _text(_run(roots[v], "text/bench_generate.py", args.text_args, out, "text_generate"))
-                    runs[v].append(rec)
-                    print(f"round {r} {v}: " + ", ".join(f"{k} {x:.4g}" for k, x in rec.items()), flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False)
+    with tempfile.TemporaryDirectory() as tmp, worktree(rev) as before:
+        roots = {"before": before, "after": ROOT}
+        for r in range(args.rounds):
+            order = ("before", "after") if r % 2 == 0 else ("after", "before")
+            for v in order:
+                out = Path(tmp) / f"{v}{r}"
+                rec = _chain(_run(roots[v], "bench_chain_overhead.py", "", out, "chain_overhead"))
+                rec |= _text(_run(roots[v], "text/bench_generate.py", args.text_args, out, "text_generate"))
+                runs[v].append(rec)
+                print(f"round {r} {v}: " + ", ".join(f"{k} {x:.4g}" for k, x in rec.items()), flush=True)
     keys = list(runs["after"][0])
     med = {v: {k: statistics.median(x[k] for x in runs[v]) for k in keys} for v in runs}
     ratio = {k: med["after"][k] / med["before"][k] for k in keys}

@@ -16,7 +16,10 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,24 @@ def machine(device: str = "cpu") -> dict[str, Any]:
         if device.startswith("cuda"):
             out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return out
+
+
+@contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    """An earlier revision checked out in a temporary git worktree (removed after), for scripts
+    that run two versions alternately: run its code with ``PYTHONPATH=<the worktree>``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "before"
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT, check=True,
+                       capture_output=True)
+        # the editable install maps speculate.domains to THIS tree's domains/: give the old revision's
+        # speculate package its own (a link), found first on its import path
+        if (path / "domains").is_dir() and not (path / "speculate" / "domains").exists():
+            (path / "speculate" / "domains").symlink_to("../domains", target_is_directory=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
 
 
 def short_error(err: str, n: int = 400) -> str:
