@@ -59,22 +59,25 @@ def _as_chain(tokens: np.ndarray, q: np.ndarray | None, valid: np.ndarray, k: in
 
 
 def _draw_depth(logits: torch.Tensor, tr: Transforms, rng: np.random.Generator, out: np.ndarray,
-                q: np.ndarray | None, d: int | slice) -> None:
+                q: np.ndarray | None, d: int | slice) -> np.ndarray | None:
     """Draft depth ``d`` (or the depths of a slice) of every row from the draft's ``logits`` ``[R, V]``
     (``[R, depths, V]``): the argmax when greedy, else a draw from the law after the settings,
-    recorded in ``q[:, d]`` (what the verifier gets)."""
+    recorded in ``q[:, d]`` (what the verifier gets; ``q=None``: not copied). Returns that law
+    (None when greedy)."""
     x = logits.float()
     if tr.greedy:
         out[:, d] = x.argmax(-1).cpu().numpy()
-        return
+        return None
     pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, V] or [R, depths, V]
     flat = pr.reshape(-1, pr.shape[-1])
     idx, status = draw_rows(flat, rng.random(flat.shape[0]))  # Categorical.sample's uniforms, row-major
     if status:  # softmax rows are NaN only where a logit was NaN or +inf
         raise ValueError("the draft's logits are not finite (NaN or +inf): its weights or "
                          "activations overflowed or hold NaN")
-    q[:, d] = pr
+    if q is not None:
+        q[:, d] = pr
     out[:, d] = idx.reshape(pr.shape[:-1])
+    return pr
 
 
 class _FeatureReader:
@@ -162,12 +165,15 @@ class MedusaDraft(_FeatureReader):
         lengths = np.where(self.has, np.maximum(cap, 0), 0).astype(np.int64)
         steps = int(lengths.max(initial=0))
         out = np.zeros((R, k), np.int64)
-        q = None if tr.greedy else np.zeros((R, k, vocab), np.float32)
+        whole = steps == k and self.heads.config["vocab_size"] == vocab  # the laws ARE q: no copy
+        q = None if tr.greedy or whole else np.zeros((R, k, vocab), np.float32)
         if steps == 0:
             return Drafted(out, q, lengths, None)
-        x = self.heads.draft_logits(self.feat)[:, :steps]  # [R, steps, V]
-        _draw_depth(x, tr, rng, out, q, slice(0, steps))  # every depth at once, in row-major order
-        return Drafted(out, q, lengths, None)
+        x = self.heads.draft_logits(self.feat)  # [R, n_heads, V]
+        if steps < x.shape[1]:
+            x = x[:, :steps]  # [R, steps, V]
+        pr = _draw_depth(x, tr, rng, out, q, slice(0, steps))  # every depth at once, in row-major order
+        return Drafted(out, pr if whole else q, lengths, None)
 
     def _logits_at(self, rows: np.ndarray, tokens: TokenBuffer):
         logits = self.heads.draft_logits(self.feat) if self.feat is not None else None  # [R, n_heads, V]: ONE call

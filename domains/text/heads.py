@@ -183,10 +183,12 @@ class MedusaHeads(torch.nn.Module):
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         """``[n_heads, N, V]`` from ``features`` ``[N, H]``."""
-        W, b, P = self.weight, self.bias, self.out
-        x = features.to(P.dtype).expand(P.shape[0], *features.shape)  # [n, N, H]
-        for layer in range(W.shape[0]):
-            x = x + F.silu(torch.baddbmm(b[layer], x, W[layer]))  # [n, N, H]
+        P = self.out
+        if features.dtype != P.dtype:
+            features = features.to(P.dtype)
+        x = features.expand(P.shape[0], *features.shape)  # [n, N, H]
+        for W, b in zip(self.weight.unbind(0), self.bias.unbind(0), strict=True):  # [n, H, H], [n, 1, H]
+            x = x + F.silu(torch.baddbmm(b, x, W))  # [n, N, H]
         return torch.bmm(x, P)  # [n, N, V]
 
     def _load_from_state_dict(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
