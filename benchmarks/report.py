@@ -42,6 +42,8 @@ def machine(device: str = "cpu") -> dict[str, Any]:
     import numba
     import numpy as np
 
+    torch = sys.modules.get("torch")  # only when the benchmark uses torch: importing it costs seconds
+    torch_threads = torch.get_num_threads() if torch is not None else None
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 check=False, cwd=ROOT).stdout.strip()
@@ -60,9 +62,11 @@ def machine(device: str = "cpu") -> dict[str, Any]:
         "numba_threads": numba.get_num_threads(),
         "device": device,
     }
-    torch = sys.modules.get("torch")
-    if torch is not None:  # only when the benchmark uses torch: importing it costs seconds
-        out.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    if torch is not None:
+        # numba.get_num_threads() starts numba's OpenMP threading layer, which sets the process's
+        # OpenMP thread count and with it torch's: give torch back the count the benchmark chose
+        torch.set_num_threads(torch_threads)
+        out.update(torch=torch.__version__, torch_threads=torch_threads)
         if device.startswith("cuda"):
             out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return out
