@@ -194,6 +194,12 @@ def _drafts_ok(valid: Tensor, inside: Tensor, px: Tensor, qx: Tensor, read: Tens
     return ~(valid & read & ~good).any(dim=1)
 
 
+def _weight(x: Tensor) -> Tensor:
+    """``max(x, 0)`` as ``_inverse_cdf.weight`` takes it: NaN and -inf give NaN (a residual built from
+    +inf q or -inf p is not finite, and the row is refused), not 0 as ``clamp(min=0)`` would."""
+    return torch.where(x > 0, x, 0.0 * x)
+
+
 def _next(p_row: Tensor, q_row: Tensor, resid: Tensor, use_p: Tensor, u: Tensor,
           tiny: float) -> tuple[Tensor, Tensor]:
     """The next outcome per row: from ``p_row`` where ``use_p``, else from the residual weights
@@ -222,7 +228,7 @@ def token_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
     ar = torch.arange(p.shape[0], device=dev)
     p_row = p[ar, n].double()  # [B, V]
     q_row = q[ar, n.clamp(max=max(K - 1, 0))].double() if K else torch.zeros_like(p_row)
-    resid = (p_row - q_row).clamp(min=0)  # norm(max(p - q, 0)); NaN stays NaN
+    resid = _weight(p_row - q_row)  # norm(max(p - q, 0))
     nxt, ok = _next(p_row, q_row, resid, n == lengths, u_next.to(dev, torch.float64), tiny)
     return n, nxt, ok & _drafts_ok(valid, inside, px, qx, read) & (lengths >= 0) & (lengths <= K)
 
@@ -246,7 +252,7 @@ def block_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
     i = torch.arange(1, K + 1, device=dev)[None, :]  # [1, K]
     Pi = P[:, 1:]  # [B, K]
     if K > 1:  # R_i = sum_x max(P_i p_i(x) - q_i(x), 0) at positions 1..K-1 (p row i, q row i)
-        R = (Pi[:, :-1, None] * p[:, 1:K].double() - q[:, 1:K].double()).clamp(min=0).sum(dim=-1)  # [B, K-1]
+        R = _weight(Pi[:, :-1, None] * p[:, 1:K].double() - q[:, 1:K].double()).sum(dim=-1)  # [B, K-1]
         R = torch.cat([R, torch.zeros_like(R[:, :1])], dim=1)  # [B, K]
     else:
         R = torch.zeros_like(Pi)
@@ -256,7 +262,7 @@ def block_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
     ar = torch.arange(B, device=dev)
     p_row = p[ar, tau].double()
     q_row = q[ar, tau.clamp(max=max(K - 1, 0))].double() if K else torch.zeros_like(p_row)
-    resid = (P[ar, tau][:, None] * p_row - q_row).clamp(min=0)
+    resid = _weight(P[ar, tau][:, None] * p_row - q_row)
     nxt, ok = _next(p_row, q_row, resid, tau == lengths, u_next.to(dev, torch.float64), tiny)
     read = torch.ones_like(valid)  # the rule reads every draft of the block
     used = (i >= tau[:, None]) & (i < lengths[:, None]) & (Pi > 0) & (Pi < 1)  # where the scan computed R_i
@@ -342,8 +348,7 @@ def _multi_depth(p_row: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor, u_ac
         qx, wx = q_row.gather(-1, xc)[:, 0], w.gather(-1, xc)[:, 0]  # [B]
         good = (x >= 0) & (x < V) & torch.isfinite(qx) & torch.isfinite(wx) & (qx > 0) & (wx >= 0)
         take = cand & good & (u_accept[:, d, j] * qx * Z < wx)  # probability min(1, r(x) / q(x)), r = w / Z
-        r = w - Z[:, None] * q_row  # [B, V]
-        r = torch.where(r > 0, r, 0.0 * r)  # max(w - Z q, 0), NaN and -inf giving NaN (as _inverse_cdf.weight)
+        r = _weight(w - Z[:, None] * q_row)  # [B, V]: max(w - Z q, 0)
         total = r.sum(dim=-1)  # [B]
         reject = cand & good & ~take
         new = reject & torch.isfinite(total) & (total > tiny)  # [B]: the residual changes

@@ -92,8 +92,8 @@ def _raises(fn, *args) -> bool:
 
 @pytest.mark.parametrize("rule", ["token", "block", "greedy"])
 def test_bad_rows_are_flagged_where_the_numba_kernels_raise(rule):
-    """NaN in a row the rule reads, a drafted outcome with q = 0, a row without mass: both paths
-    refuse; NaN in a position the rule never reads (token: past the first rejection): neither."""
+    """NaN in a row the rule reads, a drafted outcome with q = 0, a row without mass, +inf q or -inf p
+    in a residual the rule draws from: both paths refuse; NaN in a position the rule never reads (token: past the first rejection): neither."""
     p = np.full((1, 3, 4), 0.25)
     q = np.full((1, 2, 4), 0.25)
     q[0, 0] = [0.7, 0.1, 0.1, 0.1]
@@ -113,6 +113,12 @@ def test_bad_rows_are_flagged_where_the_numba_kernels_raise(rule):
     e = q.copy()
     e[0, 0] = [1.2, -0.2, 0.0, 0.0]  # residual (0, .45, .25, .25): u = 0.1 lands on 1, where q < 0
     cases.append(((p, e, [[0, 1]], None, [[0.99, 0.99]], [0.1]), "read"))
+    f = q.copy()
+    f[0, 0, 3] = np.inf  # draft 0 rejected: the residual max(p - q, 0) at 3 is max(-inf, 0), not finite
+    cases.append(((p, f, [[0, 1]], None, [[0.99, 0.99]], [0.5]), "read"))
+    g = p.copy()
+    g[0, 0, 3] = -np.inf  # the same through p
+    cases.append(((g, q, [[0, 1]], None, [[0.99, 0.99]], [0.5]), "read"))
     for args, what in cases:
         if rule == "greedy":  # argmax of every row is 0: draft 0 kept, so row 1 is read; draft 3 is not
             gp = args[0]
