@@ -10,8 +10,10 @@ uniforms are inputs.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import numba as nb
 import numpy as np
 
 from .._inverse_cdf import EMPTY, NEGATIVE, NOT_FINITE, OK, tiny_for
@@ -145,7 +147,25 @@ def _categorical_rows(p: np.ndarray, q: np.ndarray | None):
 
 
 def _parallel(parallel: bool | None, work: int) -> bool:
-    return work >= _PARALLEL_MIN_WORK if parallel is None else bool(parallel)
+    on = work >= _PARALLEL_MIN_WORK if parallel is None else bool(parallel)
+    if on and not _THREADS["started"]:
+        _start_threads()
+    return on
+
+
+_THREADS = {"started": False}
+
+
+def _start_threads() -> None:
+    """Start Numba's threading layer before the first threaded kernel, and give torch (when the
+    caller uses it) back its thread count: starting an OpenMP layer sets the process's OpenMP thread
+    count, which torch reads as its own (a caller's ``torch.set_num_threads(1)`` became 2)."""
+    torch = sys.modules.get("torch")
+    n = torch.get_num_threads() if torch is not None else None
+    nb.get_num_threads()  # launches the layer
+    if torch is not None and torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    _THREADS["started"] = True
 
 
 def _check_categorical(p, q, drafts, lengths, u_accept, u_next, check_uniforms=True, check_lengths=True):
