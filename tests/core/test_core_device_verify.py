@@ -93,7 +93,8 @@ def _raises(fn, *args) -> bool:
 @pytest.mark.parametrize("rule", ["token", "block", "greedy"])
 def test_bad_rows_are_flagged_where_the_numba_kernels_raise(rule):
     """NaN in a row the rule reads, a drafted outcome with q = 0, a row without mass, +inf q or -inf p
-    in a residual the rule draws from: both paths refuse; NaN in a position the rule never reads (token: past the first rejection): neither."""
+    in a residual the rule draws from: both paths refuse; NaN in a position the rule never reads
+    (token: past the first rejection): neither."""
     p = np.full((1, 3, 4), 0.25)
     q = np.full((1, 2, 4), 0.25)
     q[0, 0] = [0.7, 0.1, 0.1, 0.1]
