@@ -237,6 +237,7 @@ def optimizer_step(opt: torch.optim.Optimizer, loss: torch.Tensor, params: list,
     return loss.item()
 
 
+@torch.no_grad()
 def acceptance_rate(target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor,
                     start: int = 0, temperature: float = 1.0) -> float:
     """Mean of ``sum_x min(p(x), q(x))`` over the states ``input_ids[:, :t+1]``, ``t >= start``.

@@ -120,6 +120,20 @@ def test_acceptance_rate_is_mean_overlap_of_the_two_models():
         acceptance_rate(target, draft, ids[0])
 
 
+def test_acceptance_rate_runs_both_models_without_autograd():
+    """An evaluation: no graph is kept for either model's forward, even with gradients enabled."""
+    target, draft = pair()
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, a, out: seen.append(out.logits.requires_grad)) for m in (target, draft)]
+    try:
+        with torch.enable_grad():
+            acceptance_rate(target, draft, torch.tensor(list(TEXT[:48])).reshape(2, 24))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == [False, False]
+
+
 # ------------------------------------------------------------------ on-policy sampling
 
 
