@@ -98,6 +98,8 @@ class LeanLlama(SlotCache):
         p = next(model.parameters())
         self.dtype, self.device_ = p.dtype, p.device
         self.graphs: StepGraphs | None = None  # static steps (use_static)
+        self._capture: bool | None = None  # use_static's choice (kept when the model changes device)
+        self._weights: tuple[int, ...] = ()  # the weights' addresses when the buffers were allocated
         self._epoch = 0  # counts allocations (a freed buffer's address may come back for a new one)
         self._init_slots()
 
@@ -114,15 +116,21 @@ class LeanLlama(SlotCache):
         """Empty caches for ``batch`` rows of up to ``capacity`` tokens each plus ``spare`` slots (as
         ``CachedModel.reset``), in the model's current dtype and device: it may have moved since.
         Static steps (:meth:`use_static`) keep buffers of the same shape (stale slots are masked,
-        never read), so graphs recorded for them replay in the next generation too."""
+        never read), so graphs recorded for them replay in the next generation too, unless a weight
+        has new storage (a move or a cast: recorded graphs read the old addresses) or the model is on
+        another device (the static steps follow it)."""
         p = next(self.model.parameters())
         need = capacity + spare
         if self.graphs is not None:
             need = -(-need // STATIC_SLOTS) * STATIC_SLOTS  # fewer distinct shapes, fewer recordings
+            weights = tuple(w.data_ptr() for w in self.model.parameters())  # what recorded graphs read
             if (self.k and self.k[0].shape[0] == batch and self.capacity == need
-                    and (self.dtype, self.device_) == (p.dtype, p.device)):
+                    and (self.dtype, self.device_) == (p.dtype, p.device) and weights == self._weights):
                 self.length = np.zeros(batch, np.int64)
                 return
+            self._weights = weights  # moved or cast weights: new buffers (a new epoch), graphs recorded anew
+            if self.graphs.device != p.device:
+                self.graphs = StepGraphs(self._step, p.device, self._capture)
         self.dtype, self.device_ = p.dtype, p.device
         self._reset_slots(batch, need)
 
@@ -130,6 +138,7 @@ class LeanLlama(SlotCache):
         """Run blocks of up to :data:`STATIC_WIDTH` tokens as static steps (:meth:`_step`), recorded
         as CUDA graphs on a GPU (``capture`` None) or run eagerly (``capture`` False; the CPU)."""
         self.graphs = StepGraphs(self._step, self.device_, capture) if on else None
+        self._capture = capture
         self.k, self.v, self.capacity = [], [], 0  # the next reset allocates for static steps
 
     def release(self) -> None:

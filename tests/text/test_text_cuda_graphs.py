@@ -122,6 +122,28 @@ def test_a_target_whose_static_step_is_wrong_is_refused_by_the_check(monkeypatch
     assert SpeculativeGenerator(target, "ngram", cuda_graphs=True).static_models == ()
 
 
+def test_static_buffers_and_graphs_are_renewed_when_the_weights_move():
+    """A next generation keeps the buffers (and the graphs recorded on them) only while every weight
+    keeps its storage: after a cast and back (new storage, same dtype and device) the buffers are
+    allocated again (a new epoch: recorded graphs are dropped), and the logits follow the weights."""
+    model = llama()
+    st, dyn = LeanLlama(model), LeanLlama(model)
+    st.use_static(capture=False)
+    st.reset(2, 8)
+    epoch = st._epoch
+    st.reset(2, 8)
+    assert st._epoch == epoch  # nothing moved: the same buffers
+    model.to(torch.float32).to(torch.float64)  # new storage for every weight
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)
+    st.reset(2, 8)
+    assert st._epoch == epoch + 1
+    dyn.reset(2, 8)
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    torch.testing.assert_close(st.forward(tokens, np.zeros(2, np.int64)), dyn.forward(tokens, np.zeros(2, np.int64)),
+                               rtol=0, atol=1e-10)
+
+
 def test_capture_needs_a_cuda_device():
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         StepGraphs(lambda t, p: t, torch.device("cpu"), capture=True)
