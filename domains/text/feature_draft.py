@@ -181,19 +181,6 @@ def _pick(t: torch.Tensor, keep: torch.Tensor | np.ndarray, dim: int) -> torch.T
     return t[(rows,) + (slice(None),) * (dim - 1) + (torch.as_tensor(keep, device=t.device),)].unsqueeze(dim)
 
 
-_CAUSAL: dict[Any, torch.Tensor] = {}
-
-
-def _causal(n: int, device: torch.device) -> torch.Tensor:
-    """A lower-triangular boolean ``[>= n, >= n]`` (True: the slot is visible), kept per device;
-    ``_causal(n)[a : b, :n]`` is the causal mask of slots ``a .. b - 1`` over slots ``0 .. n - 1``."""
-    t = _CAUSAL.get(device)
-    if t is None or t.shape[0] < n:
-        m = max(n, 2 * (0 if t is None else t.shape[0]), 256)
-        t = _CAUSAL[device] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
-    return t[:n, :n]
-
-
 class FeatureDraft(torch.nn.Module):
     """``fc(concat(feature, token embedding))`` -> one decoder layer -> next feature, logits.
 
@@ -284,11 +271,14 @@ class FeatureDraft(torch.nn.Module):
             if visible is None and _one_run(s, s0):  # every row's columns at slots s0 .. s0 + W - 1
                 cache.keys[:, :, s0 : s0 + W] = k.to(cache.dtype)
                 cache.values[:, :, s0 : s0 + W] = v.to(cache.dtype)
-                mask = None if W == 1 else _causal(top, x.device)[s0 : s0 + W]  # [W, top]: every slot up to its own
+                mask = None  # one column per row, or only each row's last one queries: every slot < top
+                last = keep is None or (isinstance(keep, np.ndarray) and bool((keep == W - 1).all()))
+                if W > 1 and (keep is None or not last):  # column j (slot s0 + j) sees the slots <= s0 + j
+                    mask = torch.ones(W, top, dtype=torch.bool, device=x.device).tril(s0)  # [W, top]
                 if keep is not None:
                     q = _pick(q, keep, 2)  # [R, nh, 1, d]
-                    last = isinstance(keep, np.ndarray) and bool((keep == W - 1).all())
-                    mask = None if mask is None or last else _pick(mask.expand(R, W, top), keep, 1)[:, None]
+                    if mask is not None:
+                        mask = _pick(mask.expand(R, W, top), keep, 1)[:, None]  # [R, 1, 1, top]
             else:
                 s = torch.as_tensor(s, device=x.device)
                 rows = torch.arange(R, device=x.device)[:, None].expand(R, W)  # [R, W]
@@ -320,7 +310,7 @@ class FeatureDraft(torch.nn.Module):
         value), sparing the rest of the layer and the output embedding on columns nobody reads.
         """
         embed, lm_head = self._shared
-        w = self.fc.weight
+        w = self.fc.weight_t
         e = frozen_call(embed, tokens.to(w.device)).to(w.dtype)  # [R, W, H]
         x = _lin(torch.cat([features.to(w.dtype), e], dim=-1), self.fc)  # [R, W, H]
         a = self.attention(_rms(x, self.attn_norm), positions.to(w.device), cache, slots, visible, keep)

@@ -242,7 +242,7 @@ class EagleDraft(_FeatureReader):
         last one's output: the predicted feature at the root ``[R, H]`` and its logits ``[R, V]``
         (the law at depth 1)."""
         R = len(rows)
-        dev = self.fd.fc.weight.device
+        dev = self.fd.fc.weight_t.device
         n = self.flen
         rt = torch.arange(R, device=dev)
         P = n - self.clen  # [R]
@@ -283,7 +283,7 @@ class EagleDraft(_FeatureReader):
 
     def _logits_at(self, rows: np.ndarray, tokens: TokenBuffer):
         R = len(rows)
-        dev = self.fd.fc.weight.device
+        dev = self.fd.fc.weight_t.device
         n = self.flen.copy()  # committed columns after this round's pending ones
         hid: list[torch.Tensor] = []  # [R, N+1, H]: the predicted feature at each node (allocated at the root)
         rr = np.arange(R)
