@@ -18,7 +18,7 @@ and round), ``c_round`` = drafting time per round / time of one plain decoding s
 drafting costs next to one target step), and ``r`` = time of one verification call / plain step
 (the cost of scoring the chain's or tree's tokens at once).
 
-Run: ``python benchmarks/text/bench_heads.py`` (about 2 minutes on this 2-core machine, torch's default threads);
+Run: ``python benchmarks/text/bench_heads.py`` (about 2 minutes, 1 torch thread: ``--threads``);
 ``--quick`` for a short check. Writes ``benchmarks/results/text_heads.{json,md}``.
 """
 
