@@ -63,10 +63,10 @@ class DeviceCategorical:
 
 
 def upload(x: Any, device: Any) -> Tensor:
-    """``x`` (a host array or tensor) on ``device`` without making the host wait for the device: a
-    copy from host memory is queued (``non_blocking``; from pageable memory CUDA stages the bytes
-    before returning, so ``x`` may change afterwards), where a plain ``.to(device)`` would wait for
-    every kernel queued before it. On the CPU: ``x`` itself as a tensor."""
+    """``x`` (a host array or tensor) on ``device``, the copy issued with ``non_blocking=True`` (from
+    pageable memory CUDA stages the bytes before returning, so ``x`` may change afterwards) where a
+    plain ``.to(device)`` is a synchronous copy; how much host waiting this spares is what
+    ``benchmarks/gpu/host_syncs.py`` measures on a GPU (not yet run). On the CPU: ``x`` as a tensor."""
     return torch.as_tensor(x).to(device, non_blocking=True)
 
 
