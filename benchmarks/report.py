@@ -47,12 +47,15 @@ def machine(device: str = "cpu") -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 check=False, cwd=ROOT).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                    text=True, check=False, cwd=ROOT).stdout.strip())
     except OSError:
-        commit = ""
+        commit, dirty = "", False
     out: dict[str, Any] = {
         "command": command(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git_commit": commit,
+        "git_dirty": dirty,  # uncommitted changes to tracked files: the numbers are of the working tree
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -101,7 +104,8 @@ def describe(m: dict[str, Any]) -> str:
     threads = f", {m['torch_threads']} torch thread(s)" if "torch_threads" in m else ""
     gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
     return (f"{m['cpu']}, {m['cpu_count']} CPUs (load average at start {m['load_average_at_start'][0]:.2f})"
-            f"{threads}{gpu}, Python {m['python']}, commit {m['git_commit'] or 'unknown'}")
+            f"{threads}{gpu}, Python {m['python']}, commit {m['git_commit'] or 'unknown'}"
+            f"{' with uncommitted changes' if m.get('git_dirty') else ''}")
 
 
 def write(name: str, payload: dict[str, Any], markdown: str, figure: Any = None, *,

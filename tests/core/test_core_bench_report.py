@@ -26,3 +26,13 @@ def test_machine_leaves_torch_threads_as_the_benchmark_set_them():
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "benchmarks")], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout.split()
     assert out == ["1", "1"]
+
+
+def test_describe_says_when_the_tree_had_uncommitted_changes():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from report import describe
+
+    m = {"cpu": "x86_64", "cpu_count": 2, "load_average_at_start": (0.5, 0, 0), "python": "3.11",
+         "git_commit": "abc1234"}
+    assert describe(m).endswith("commit abc1234")
+    assert describe({**m, "git_dirty": True}).endswith("commit abc1234 with uncommitted changes")
