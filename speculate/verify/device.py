@@ -306,7 +306,6 @@ def multi_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
     n, branch = (torch.zeros(B, dtype=torch.int64, device=dev) for _ in range(2))
     ended = torch.zeros(B, dtype=torch.bool, device=dev)  # [B]: the rows whose next outcome is drawn
     w_end: Tensor | None = None  # [B, V]: the weights each row draws from (its last residual or p's row)
-    p_end: Tensor | None = None  # [B, V]: p's row at that depth (a draw where p = 0 is flagged)
     for d in range(K1):
         j0 = torch.argmax(alive.to(torch.uint8), dim=1)  # [B]: the first live branch
         p_row = p[ar, j0, d].double()  # [B, V]
@@ -315,12 +314,12 @@ def multi_device(p: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor | None, u
         end = running & ~bad & (kept < 0)  # [B]: every candidate rejected, or none: the next outcome is drawn here
         n, branch, ended = torch.where(end, d, n), torch.where(end, j0, branch), ended | end
         w_end = w if w_end is None else torch.where(end[:, None], w, w_end)  # [B, V]: what the draw reads
-        p_end = p_row if p_end is None else torch.where(end[:, None], p_row, p_end)
         running = running & ~bad & (kept >= 0)  # [B]: a draft kept at depth d
         if d < K1 - 1:
             x = drafts[:, :, d].gather(1, kept.clamp(min=0)[:, None])  # [B, 1]: the kept outcome
             alive = torch.where(running[:, None], alive & (lengths > d) & (drafts[:, :, d] == x), alive)
-    nxt, y_ok = _multi_next(p_end, w_end, u_next)  # ONE draw per row, at the depth where it ended
+    nxt, usable = _multi_next(w_end, u_next)  # ONE draw per row, at the depth where it ended
+    y_ok = usable & (p[ar, branch, n, nxt] > 0)  # p's row there (else the residual's mass came from a negative q)
     return n, nxt, branch, ok & (~ended | y_ok)
 
 
@@ -360,14 +359,13 @@ def _multi_depth(p_row: Tensor, q: Tensor, drafts: Tensor, lengths: Tensor, u_ac
     return w, kept, bad
 
 
-def _multi_next(p_row: Tensor, w: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+def _multi_next(w: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
     """The next outcome drawn from the weights ``w`` ``[B, V]`` (the last residual, or p's row) and
-    whether the kernel's ``draw_row`` accepts it: no NaN or negative weight, a finite positive
-    total, and an outcome where ``p_row`` > 0 (else the residual's mass came from a negative q)."""
+    whether the kernel's ``draw_row`` can draw from them: no NaN or negative weight, a finite
+    positive total."""
     total = w.sum(dim=-1)  # [B]
     usable = (w >= 0).all(dim=-1) & torch.isfinite(total) & (total > 0)
-    y = draw(torch.where(usable[:, None], w, torch.ones_like(w)), u)  # [B]
-    return y, usable & (p_row.gather(-1, y[:, None])[:, 0] > 0)
+    return draw(torch.where(usable[:, None], w, torch.ones_like(w)), u), usable  # [B], [B]
 
 
 # --------------------------------------------------------------------------------------------
