@@ -5,8 +5,8 @@ Times ``token_device``, ``block_device`` and ``multi_device`` of the working tre
 (best of ``--repeat`` calls each time), and reports each version's median and the after / before
 ratio. On a CPU this measures the rules' arithmetic, not a GPU's launch costs.
 
-Run: ``python benchmarks/bench_device_rules.py --before REV [--device cuda]``. Writes
-``benchmarks/results/device_rules.{json,md}``.
+Run: ``python benchmarks/bench_device_rules.py --before REV [--device cuda] [--name NAME]``. Writes
+``benchmarks/results/device_rules.{json,md}`` (or ``NAME.*``).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", type=int, nargs=4, default=[64, 2, 4, 32000], metavar=("B", "m", "K", "V"))
     ap.add_argument("--rounds", type=int, default=6, help="alternations")
     ap.add_argument("--repeat", type=int, default=5, help="calls per timing (the best is kept)")
+    ap.add_argument("--name", default="device_rules", help="the results' file name (benchmarks/results/NAME.*)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     env = machine(args.device)
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(d) == 2:
             b, a = d["before"], d["after"]
             lines.append(f"| {rule} | {1e3 * b:.2f} | {1e3 * a:.2f} | {a / b:.3f} |")
-    write("device_rules", {"command": env["command"], "before": rev, "shape": args.shape, "times_s": times,
+    write(args.name, {"command": env["command"], "before": rev, "shape": args.shape, "times_s": times,
                            "median_s": med, "machine": env}, "\n".join(lines))
     print("\n".join(lines))
     return 0

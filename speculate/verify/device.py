@@ -197,7 +197,7 @@ def _drafts_ok(valid: Tensor, inside: Tensor, px: Tensor, qx: Tensor, read: Tens
 def _weight(x: Tensor) -> Tensor:
     """``max(x, 0)`` as ``_inverse_cdf.weight`` takes it: NaN and -inf give NaN (a residual built from
     +inf q or -inf p is not finite, and the row is refused), not 0 as ``clamp(min=0)`` would."""
-    return torch.where(x > 0, x, 0.0 * x)
+    return torch.maximum(x, 0.0 * x)  # maximum propagates NaN; 0 * -inf is NaN; 0 * a finite x is +-0
 
 
 def _next(p_row: Tensor, q_row: Tensor, resid: Tensor, use_p: Tensor, u: Tensor,
