@@ -30,7 +30,8 @@ def _before(rev: str):
     src = subprocess.run(["git", "show", f"{rev}:speculate/verify/device.py"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "device_before.py"
-    path.write_text(src.replace("from .._inverse_cdf", "from speculate._inverse_cdf"))
+    path.write_text(src.replace("from .._inverse_cdf", "from speculate._inverse_cdf")
+                    .replace("from .one_round", "from speculate.verify.one_round"))
     spec = importlib.util.spec_from_file_location("device_before", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .one_round import round_outcomes
+
 __all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "multi_device", "token_device", "upload",
            "verify_block_device", "verify_device_round", "verify_greedy_device", "verify_multi_device",
            "verify_token_device"]
@@ -81,18 +83,18 @@ def verify_device_round(
     scores ``(R, m, k+1)`` states and the rule is the token rule (multi-draft: route
     "multi-device")."""
     m = branches
-    p, drafts, oshape = _round_drafts(target, proposal, m, k, R)
+    oshape, outcomes = round_outcomes(target, proposal, rule, m, k, R)  # the host route's checks
+    p, V = target.probs, target.num_outcomes
+    if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):  # a gather index: checked here
+        raise ValueError(f"drafted outcome outside 0..{V - 1}")
     dev = p.device
+    drafts = upload(np.asarray(outcomes, np.int64), dev)
     lens = upload(np.ascontiguousarray(lengths, np.int64), dev)
     if rule == "greedy":
-        if m != 1:
-            raise ValueError("greedy verification takes one draft branch (branches=1)")
         n, nxt, ok = greedy_device(p, drafts, lens)
         branch = torch.zeros_like(n)
     else:
-        q = _round_q(proposal.dists, p, drafts, (*oshape, target.num_outcomes))
-        if m != 1 and rule != "token":
-            raise ValueError(f"multi-draft (branches={m}) uses recursive rejection: pass verify='token'")
+        q = _round_q(proposal.dists, p, drafts, (*oshape, V))
         u = upload(rng.random(R + R * k * m), dev)  # one copy; the CPU route's order: u_next, u_accept
         u_next, u_accept = u[:R], u[R:].view((R, k, m) if m != 1 else (R, k))
         if m != 1:
@@ -103,24 +105,6 @@ def verify_device_round(
     out = torch.stack([n, nxt, branch, ok.to(torch.int64)]).cpu().numpy()  # the round's one transfer
     _raise_bad(out[3])
     return out[0], out[1], out[2], "multi-device" if m != 1 else f"{rule}-device"
-
-
-def _round_drafts(target: DeviceCategorical, proposal: Any, m: int, k: int,
-                  R: int) -> tuple[Tensor, Tensor, tuple[int, ...]]:
-    """The target's probabilities, the drafts on its device and the drafts' batch shape ``(R, k)``
-    (``(R, m, k)`` with m > 1 branches), checked as the CPU route checks them."""
-    shape = (R, k + 1) if m == 1 else (R, m, k + 1)
-    if target.batch_shape != shape:
-        raise ValueError(f"target must score {shape} states (rows, {'branches, ' if m > 1 else ''}k+1 positions) "
-                         f"in one call, got a DeviceCategorical with batch shape {target.batch_shape}")
-    p, V = target.probs, target.num_outcomes
-    oshape = (*shape[:-1], k)
-    outcomes = np.zeros(oshape, np.int64) if k == 0 else np.asarray(proposal.outcomes, np.int64)
-    if outcomes.shape != oshape:
-        raise ValueError(f"drafted outcomes must have shape {oshape}, got {outcomes.shape}")
-    if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):
-        raise ValueError(f"drafted outcome outside 0..{V - 1}")
-    return p, upload(outcomes, p.device), oshape
 
 
 def _round_q(d: Any, p: Tensor, drafts: Tensor, shape: tuple[int, ...]) -> Tensor:

@@ -88,23 +88,32 @@ def _lengths(lengths: Any, R: int, m: int, k: int) -> np.ndarray:
     return a  # the kernels check 0 <= lengths <= k
 
 
-def _categorical(target, proposal, rule, m, k, R, lengths, rng):
+def round_outcomes(target: Any, proposal: Any, rule: str, m: int, k: int, R: int) -> tuple[tuple[int, ...], np.ndarray]:
+    """What every Categorical round checks before a rule runs, on the host or on a device
+    (``device.verify_device_round``): the rule takes ``m`` branches, the target scores
+    ``(R, [m,] k+1)`` states, the drafted outcomes are ``(R, [m,] k)``. Returns their shape and
+    the outcomes (zeros when k = 0)."""
+    if rule == "greedy" and m != 1:
+        raise ValueError("greedy verification takes one draft branch (branches=1)")
+    if m != 1 and rule != "token" and rule != "greedy":
+        raise ValueError(f"multi-draft (branches={m}) uses recursive rejection: pass verify='token'")
     shape = (R, k + 1) if m == 1 else (R, m, k + 1)
     if target.batch_shape != shape:
         raise ValueError(
             f"target must score {shape} states (rows, {'branches, ' if m > 1 else ''}k+1 positions) "
-            f"in one call, got a Categorical with batch shape {target.batch_shape}"
+            f"in one call, got a {type(target).__name__} with batch shape {target.batch_shape}"
         )
-    p, V = target.probs, target.num_outcomes
-    outcomes = np.asarray(proposal.outcomes)
     oshape = (*shape[:-1], k)
-    if k == 0:
-        outcomes = np.zeros(oshape, np.int64)
+    outcomes = np.zeros(oshape, np.int64) if k == 0 else np.asarray(proposal.outcomes)
     if outcomes.shape != oshape:
         raise ValueError(f"drafted outcomes must have shape {oshape}, got {outcomes.shape}")
+    return oshape, outcomes
+
+
+def _categorical(target, proposal, rule, m, k, R, lengths, rng):
+    oshape, outcomes = round_outcomes(target, proposal, rule, m, k, R)
+    p, V = target.probs, target.num_outcomes
     if rule == "greedy":
-        if m != 1:
-            raise ValueError("greedy verification takes one draft branch (branches=1)")
         n, nxt = verify_greedy(p, outcomes, lengths)
         return n, nxt, np.zeros(R, np.int64), "greedy"
     q = _draft_probs(proposal.dists, outcomes, oshape, V, p.dtype)
@@ -125,8 +134,6 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
         fn = verify_token if rule == "token" else verify_block
         n, nxt = fn(p, q, outcomes, lengths, u_accept, u_next, check_uniforms=False)  # fresh from rng
         return n, nxt, np.zeros(R, np.int64), rule
-    if rule != "token":
-        raise ValueError(f"multi-draft (branches={m}) uses recursive rejection: pass verify='token'")
     n, nxt, branch = verify_multi(p, q, outcomes, lengths, rng.random((R, k, m)), u_next, check_uniforms=False)
     return n, nxt, branch, "multi"
 
