@@ -63,6 +63,31 @@ def test_random_batches_agree_with_the_numba_kernels(rule, dtype):
     assert set(want[0].tolist()) == set(range(5))  # every depth, so every path is compared
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_tensor_rules_on_cuda_give_the_numba_kernels_outcomes(dtype):
+    """The same random batches as above with every tensor on the GPU: in float64 token, block and
+    multi-draft give the kernels' outcomes row for row (the rules' arithmetic on the device that runs
+    them); in float32 (reductions in another order than the kernels') every row is still valid."""
+    dev = torch.device("cuda")
+    for rule, fn in (("token", token_device), ("block", block_device)):
+        p, q, drafts, lengths, ua, un = _batch(seed=1 if rule == "token" else 2)
+        want = NUMBA[rule](p.astype(np.float64), q.astype(np.float64), drafts, lengths, ua, un)
+        t = [torch.as_tensor(a, device=dev) for a in (p, q)]
+        n, nxt, ok = fn(t[0].to(dtype), t[1].to(dtype), torch.as_tensor(drafts, device=dev),
+                        torch.as_tensor(lengths, device=dev), torch.as_tensor(ua, device=dev),
+                        torch.as_tensor(un, device=dev))
+        if dtype == torch.float64:
+            assert np.array_equal(n.cpu().numpy(), want[0]) and np.array_equal(nxt.cpu().numpy(), want[1]), rule
+        assert bool(ok.all())
+    p, q, drafts, lengths, ua, un = _multi_batch(seed=24, m=2, K=4)
+    want = verify_multi(p, q, drafts, lengths, ua, un)
+    got = multi_device(*(torch.as_tensor(a, device=dev) for a in (p, q, drafts, lengths, ua, un)))
+    assert all(np.array_equal(g.cpu().numpy(), w) for g, w in zip(got[:3], want, strict=True))
+    assert bool(got[3].all())
+
+
 @pytest.mark.parametrize("rule", ["token", "block"])
 def test_no_drafts_k0(rule):
     """K = 0 (a round that only draws the next outcome): the bonus draw from p, as the kernels."""
