@@ -9,7 +9,7 @@ Reported per version and method: drafting time per round (``draft_time / target_
 versions: a check on the machine's noise), medians over the runs, and the after / before ratio.
 
 Run: ``python benchmarks/text/bench_draft_ab.py --before REV`` (about 5 minutes with the defaults).
-Writes ``benchmarks/results/draft_ab.{json,md}``.
+Writes ``benchmarks/results/draft_ab.{json,md}`` (``--name``: another name).
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, nargs="*", default=[1], help="batch sizes")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--name", default="draft_ab", help="the results' file name (benchmarks/results/NAME.*)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {b.split()[1]} | {m} | {x['draft_us_per_round']:.0f} | {y['draft_us_per_round']:.0f} | "
                          f"{y['draft_us_per_round'] / x['draft_us_per_round']:.3f} | {x['target_us_per_call']:.0f} | "
                          f"{y['target_us_per_call']:.0f} | {x['tokens_per_call']:.2f} | {y['tokens_per_call']:.2f} |")
-    write("draft_ab", {"command": env["command"], "before": rev, "after": env["git_commit"] + " (working tree)",
+    write(args.name, {"command": env["command"], "before": rev, "after": env["git_commit"] + " (working tree)",
                        "runs": runs, "median": med, "machine": env}, "\n".join(lines))
     print("\n".join(lines))
     return 0
