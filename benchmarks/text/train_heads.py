@@ -1,8 +1,12 @@
-"""Train Medusa heads and an EAGLE feature draft on the embedded target (byte-level Llama).
+"""Train Medusa heads and an EAGLE feature draft on a frozen target (byte-level Llama).
 
     python benchmarks/text/train_heads.py     # -> domains/text/models/target-{heads,feature-draft}
+    python benchmarks/text/train_heads.py --pair large   # -> benchmarks/text/models/large/target-...
 
-Both drafts live on the frozen target of ``load_pair()`` (``speculate.domains.text.heads`` and
+The two kinds train independently: on two cores, ``--only heads`` and ``--only draft`` can run side
+by side, each merging its part into the same results file.
+
+Both drafts live on the frozen target of ``load_pair()`` (``--pair``) (``speculate.domains.text.heads`` and
 ``.feature_draft``) and train on random windows of the Python standard library's sources
 (``corpus.load_corpus``), the corpus the target was trained on: its continuations are close to
 the target's own, and for the same wall time corpus windows (5x cheaper than windows whose second
@@ -11,12 +15,13 @@ saved in float16, reloaded with ``from_pretrained`` and measured on the states `
 measured the distilled draft model on: 64 held-out prefixes of 128 bytes continued by 128 bytes
 sampled from the target (the same seeds), every continuation state. Batch-1 latencies (1 thread)
 give the cost ratio c of a draft step to a target step. Results:
-benchmarks/results/text_train_heads.{json,md}. 1 thread, seeded.
+benchmarks/results/text_train_heads[_large].{json,md}. 1 thread, seeded.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 import time
@@ -27,6 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
+from bench_generate import NAMED  # noqa: E402  (this script's folder is on sys.path)
 from report import RESULTS, command, describe, machine, write  # noqa: E402
 from speculate.domains.text.corpus import load_corpus  # noqa: E402
 from speculate.domains.text.distill import acceptance_rate, sample_continuations, sample_windows  # noqa: E402
@@ -40,6 +46,7 @@ from speculate.domains.text.pair import MODELS_DIR, load_pair  # noqa: E402
 from train_pair import latency_ms  # noqa: E402  (this script's folder is on sys.path)
 
 HEADS_DIR, DRAFT_DIR = MODELS_DIR / "target-heads", MODELS_DIR / "target-feature-draft"
+PARTS = ("heads", "feature_draft")  # what --only heads / --only draft train
 # Trials that chose the defaults (seed 0, two runs at a time on the 2-core machine; alphas on the
 # evaluation states; tokens per call as in the report).
 TUNING = [
@@ -103,17 +110,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--self-distill", action="store_true", help="second halves sampled from the target")
     ap.add_argument("--only", choices=("heads", "draft"), default=None, help="train one kind only")
-    ap.add_argument("--out", type=Path, default=MODELS_DIR, help="folder of the two model folders")
-    ap.add_argument("--results", default="text_train_heads")
+    ap.add_argument("--pair", default="embedded", help="embedded, large, or a folder with target/ and draft/")
+    ap.add_argument("--out", type=Path, default=None, help="folder of the two model folders (default: the pair's)")
+    ap.add_argument("--results", default=None, help="results name (default text_train_heads[_<pair>])")
     ap.add_argument("--results-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    path = None if args.pair == "embedded" else NAMED.get(args.pair, Path(args.pair))
+    args.out = args.out or path or MODELS_DIR
+    args.results = args.results or "text_train_heads" + ("" if path is None else f"_{path.name}")
     torch.set_num_threads(args.threads)
     env = machine()
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    target, draft_model, _ = load_pair()
+    target, draft_model, _ = load_pair(path=path)
     train, held = load_corpus("train"), load_corpus("heldout")
     tr = [torch.from_numpy(train.token_stream())]
     he = [torch.from_numpy(held.token_stream())]
@@ -123,7 +134,10 @@ def main(argv: list[str] | None = None) -> dict:
     pair_alpha = acceptance_rate(target, draft_model, states, start=127)
     log(f"draft model of the pair: alpha {pair_alpha:.4f} on the evaluation states")
     common = dict(batch_size=args.batch, rng=args.seed, eval_texts=he, log=log, self_distill=args.self_distill)
-    report: dict = {"command": command(), "seed": args.seed, "threads": args.threads,
+    report: dict = {"command": command(), "seed": args.seed, "threads": args.threads, "pair": args.pair,
+                    "target": {k: target.config.to_dict()[k] for k in
+                               ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")},
+                    "draft_model": f"{draft_model.config.num_hidden_layers} x {draft_model.config.hidden_size} Llama",
                     "environment": {"python": platform.python_version(), "torch": torch.__version__},
                     "corpus": {"python_version": train.python_version, "train_bytes": train.n_bytes,
                                "heldout_bytes": held.n_bytes, "train_sha256": train.digest()},
@@ -142,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
         heads = MedusaHeads.from_pretrained(args.out / HEADS_DIR.name, target)
         before = heads_acceptance(target, MedusaHeads.for_target(target, args.n_heads, args.head_layers), states, 127)
         after = heads_acceptance(target, heads, states, 127)
-        report["heads"] = {**res.config, "params": n_params(heads), "folder_kb": folder_kb(args.out / HEADS_DIR.name),
+        report["heads"] = {**res.config, "command": report["command"], "folder": _rel(args.out / HEADS_DIR.name),
+                           "params": n_params(heads), "folder_kb": folder_kb(args.out / HEADS_DIR.name),
                            "seconds": round(res.seconds, 1), "alpha_before": before, "alpha_after": after,
                            "tokens_per_call": expected_tokens(after), "alpha_float32_before_saving": float32,
                            "loss_first": res.losses[0],
@@ -163,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
                                           states, 127)
         tf, roll = feature_draft_acceptance(target, draft, states, 127)
         report["feature_draft"] = {
-            **res.config, "n_heads": draft.n_heads, "intermediate_size": args.draft_mlp, "params": n_params(draft),
+            **res.config, "command": report["command"], "folder": _rel(args.out / DRAFT_DIR.name),
+            "n_heads": draft.n_heads, "intermediate_size": args.draft_mlp, "params": n_params(draft),
             "folder_kb": folder_kb(args.out / DRAFT_DIR.name), "seconds": round(res.seconds, 1),
             "alpha_before": before[0], "alpha_rollout_before": before[1], "alpha_teacher_forced": tf,
             "alpha_rollout": roll, "alpha_float32_before_saving": float32,
@@ -174,13 +190,43 @@ def main(argv: list[str] | None = None) -> dict:
 
     report["latency_ms"] = latency
     report["machine"] = env
+    if args.only is not None:  # keep the other kind's part of an earlier run (or of one beside this)
+        report = merged(Path(args.results_dir) / f"{args.results}.json", report)
     write(args.results, report, markdown(report), folder=args.results_dir)
     return report
 
 
+def _rel(folder: Path) -> str:
+    try:
+        return str(folder.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(folder)
+
+
+def merged(old_path: Path, new: dict) -> dict:
+    """``new`` with the part it did not train (and that part's latency) taken from ``old_path``."""
+    if not old_path.is_file():
+        return new
+    old = json.loads(old_path.read_text())
+    if old.get("pair", "embedded") != new["pair"]:
+        return new
+    out = dict(new)
+    latency = dict(new["latency_ms"])
+    for part in PARTS:
+        if part not in new and part in old:
+            out[part] = old[part]
+            label = "Medusa heads (all)" if part == "heads" else "feature draft (one column)"
+            if label in old.get("latency_ms", {}):
+                latency[label] = old["latency_ms"][label]
+    out["latency_ms"] = latency
+    out["command"] = " ; ".join(dict.fromkeys(out[p].get("command", "") for p in PARTS if p in out)) or new["command"]
+    return out
+
+
 def markdown(r: dict) -> str:
     rows = [
-        "# Medusa heads and EAGLE feature draft on the embedded target: training record", "",
+        f"# Medusa heads and EAGLE feature draft on the {r.get('pair', 'embedded')} target: training record", "",
+        f"Target: {_target(r)}.", "",
         f"Command: `{r['command']}` (seed {r['seed']}, {r['threads']} thread, Python "
         f"{r['environment']['python']}, torch {r['environment']['torch']}).", "",
         f"Machine: {describe(r['machine'])}.", "",
@@ -191,7 +237,7 @@ def markdown(r: dict) -> str:
     if "heads" in r:
         h = r["heads"]
         rows += [
-            f"## Medusa heads (`domains/text/models/target-heads`, {h['params']:,} parameters, "
+            f"## Medusa heads (`{h.get('folder', 'domains/text/models/target-heads')}`, {h['params']:,} parameters, "
             f"{h['folder_kb']} KB)", "",
             f"{h['n_heads']} heads of {h['n_layers']} residual block(s); {h['steps']} steps of batch "
             f"{h['batch_size']} x {h['seq_len']} bytes, lr {h['lr']}, loss {h['divergence']}, "
@@ -205,7 +251,8 @@ def markdown(r: dict) -> str:
     if "feature_draft" in r:
         d = r["feature_draft"]
         rows += [
-            f"## EAGLE feature draft (`domains/text/models/target-feature-draft`, {d['params']:,} parameters, "
+            f"## EAGLE feature draft (`{d.get('folder', 'domains/text/models/target-feature-draft')}`, "
+            f"{d['params']:,} parameters, "
             f"{d['folder_kb']} KB)", "",
             f"One decoder layer ({d['n_heads']} heads, MLP {d['intermediate_size']}); {d['steps']} steps of "
             f"batch {d['batch_size']} x {d['seq_len']} bytes, lr {d['lr']}, loss {d['feature_weight']} x "
@@ -215,7 +262,8 @@ def markdown(r: dict) -> str:
             "|---|---|---|",
             f"| fresh (the target's head one step late) | {d['alpha_before']:.4f} | {d['alpha_rollout_before']:.4f} |",
             f"| trained | {d['alpha_teacher_forced']:.4f} | {d['alpha_rollout']:.4f} |",
-            f"| draft model of the pair (1 x 96 Llama, distilled) | {r['pair_draft_alpha']:.4f} | |", "",
+            f"| draft model of the pair ({r.get('draft_model', '1 x 96 Llama')}, distilled) "
+            f"| {r['pair_draft_alpha']:.4f} | |", "",
             f"Tokens per target call drafting 4 tokens, steps after the second taken at the rollout alpha "
             f"(1 + a + a r + a r^2 + a r^3): {d['tokens_per_call_4']:.3f}; the pair's draft model "
             f"(1 + a + ... + a^4): {r['pair_tokens_per_call_4']:.3f}.", "",
@@ -224,8 +272,16 @@ def markdown(r: dict) -> str:
     rows += ["## Cost of a draft step (batch 1, 1 thread, median of 200)", "",
              "| step | ms | c = draft / target |", "|---|---|---|",
              *[f"| {k} | {v:.4f} | {v / lat['target'] :.4f} |" for k, v in lat.items()], "",
-             "## Tuning (how the defaults were chosen)", "", *[f"- {t}" for t in TUNING], ""]
+             "## Tuning on the embedded target (how the defaults were chosen)", "", *[f"- {t}" for t in TUNING], ""]
     return "\n".join(rows)
+
+
+def _target(r: dict) -> str:
+    t = r.get("target")
+    if not t:
+        return "the embedded pair's"
+    return (f"Llama, {t['num_hidden_layers']} layers of width {t['hidden_size']} (MLP {t['intermediate_size']}), "
+            f"vocabulary {t['vocab_size']}")
 
 
 if __name__ == "__main__":

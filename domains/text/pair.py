@@ -54,15 +54,22 @@ def load_pair(device: str | torch.device | None = None, dtype: torch.dtype | Non
     return out[0], out[1], tokenizer
 
 
-def load_self_drafts(target: Any) -> tuple[Any, Any]:
-    """``(heads, feature_draft)``: the Medusa heads and the feature draft trained on the embedded
-    ``target`` (``benchmarks/text/train_heads.py``), on its device and dtype, in eval mode."""
+def load_self_drafts(target: Any, path: str | os.PathLike[str] | None = None) -> tuple[Any, Any]:
+    """``(heads, feature_draft)``: the Medusa heads and the feature draft trained on ``target``
+    (``benchmarks/text/train_heads.py``), on its device and dtype, in eval mode.
+
+    ``path``: the folder holding ``target-heads/`` and ``target-feature-draft/`` (default: those of
+    the embedded target; ``benchmarks/text/models/large`` holds the larger target's once trained).
+    """
     from .feature_draft import FeatureDraft
     from .heads import MedusaHeads
 
-    for folder in (HEADS_DIR, FEATURE_DRAFT_DIR):
+    base = Path(path) if path is not None else MODELS_DIR
+    folders = (base / HEADS_DIR.name, base / FEATURE_DRAFT_DIR.name)
+    for folder in folders:
         if not folder.is_dir():
             raise FileNotFoundError(f"no trained drafts in {str(folder)!r}; train them with: "
-                                    "python benchmarks/text/train_heads.py")
-    return (MedusaHeads.from_pretrained(HEADS_DIR, target).eval(),
-            FeatureDraft.from_pretrained(FEATURE_DRAFT_DIR, target).eval())
+                                    "python benchmarks/text/train_heads.py"
+                                    + ("" if path is None else f" --pair {base}"))
+    return (MedusaHeads.from_pretrained(folders[0], target).eval(),
+            FeatureDraft.from_pretrained(folders[1], target).eval())
