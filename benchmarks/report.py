@@ -27,14 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPECULATE_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
 
 
-def command() -> str:
-    """The command line that ran this script, with the script's path relative to the repository."""
-    script = Path(sys.argv[0]).resolve()
+def command(argv: list[str] | None = None, script: str | None = None) -> str:
+    """The command line that ran this script, with the script's path relative to the repository
+    (``argv``, ``script``: the arguments a script's ``main(argv)`` was called with and its
+    ``__file__``, in place of the process's)."""
+    path = Path(script if script is not None else sys.argv[0]).resolve()
     try:
-        script = script.relative_to(ROOT)
+        path = path.relative_to(ROOT)
     except ValueError:
         pass
-    return " ".join(["python", str(script), *map(shlex.quote, sys.argv[1:])])
+    return " ".join(["python", str(path), *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
 
 
 def machine(device: str = "cpu") -> dict[str, Any]:

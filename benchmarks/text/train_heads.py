@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     pair_alpha = acceptance_rate(target, draft_model, states, start=127)
     log(f"draft model of the pair: alpha {pair_alpha:.4f} on the evaluation states")
     common = dict(batch_size=args.batch, rng=args.seed, eval_texts=he, log=log, self_distill=args.self_distill)
-    report: dict = {"command": command(), "seed": args.seed, "threads": args.threads, "pair": args.pair,
+    report: dict = {"command": command(argv, __file__), "seed": args.seed, "threads": args.threads, "pair": args.pair,
                     "target": {k: target.config.to_dict()[k] for k in
                                ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")},
                     "draft_model": f"{draft_model.config.num_hidden_layers} x {draft_model.config.hidden_size} Llama",

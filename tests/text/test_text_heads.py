@@ -6,6 +6,8 @@ with self-distillation the windows' second halves are the target's own samples.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from speculate.domains.text.feature_draft import FeatureDraft, rope_theta, train
 from speculate.domains.text.heads import MedusaHeads, target_features, train_heads
 
 STREAM = [torch.tensor([(7 * i * i + 3 * i) % 64 for i in range(50)]).repeat(50)]  # period 50
+LARGE = Path(__file__).resolve().parents[2] / "benchmarks" / "text" / "models" / "large"  # the larger pair
 FAST = dict(steps=60, batch_size=8, seq_len=32, lr=1e-2, eval_batch=16)
 
 
@@ -246,20 +249,60 @@ def test_tree_siblings_and_move():
 # ----------------------------------------------------------------------------- shipped weights
 
 
-def test_shipped_drafts_load_on_the_embedded_target():
+@pytest.mark.parametrize("pair", ["embedded", "large"])
+def test_shipped_drafts_beat_fresh_ones_on_their_target(pair):
+    """The drafts trained for each committed target load next to it (``load_self_drafts``) and accept
+    more than fresh ones on held-out-style code (the other target's drafts are refused: see the
+    hidden-size checks)."""
     from speculate.domains.text.feature_draft import feature_draft_acceptance
     from speculate.domains.text.heads import heads_acceptance
-    from speculate.domains.text.pair import MODELS_DIR, load_pair
+    from speculate.domains.text.pair import load_pair, load_self_drafts
 
-    target, _, tok = load_pair()
-    heads = MedusaHeads.from_pretrained(MODELS_DIR / "target-heads", target)
-    draft = FeatureDraft.from_pretrained(MODELS_DIR / "target-feature-draft", target)
+    path = None if pair == "embedded" else LARGE
+    target, _, tok = load_pair(path=path)
+    heads, draft = load_self_drafts(target, path)
     text = "def total(values):\n    result = 0\n    for value in values:\n        result += value\n    return result\n"
     ids = tok(text, return_tensors="pt").input_ids  # [1, L]
     fresh_heads = heads_acceptance(target, MedusaHeads.for_target(target, heads.n_heads), ids)
     assert all(a > b for a, b in zip(heads_acceptance(target, heads, ids), fresh_heads, strict=True))
     fresh = FeatureDraft.for_target(target, intermediate_size=draft.config["intermediate_size"])
     assert feature_draft_acceptance(target, draft, ids)[0] > feature_draft_acceptance(target, fresh, ids)[0]
+
+
+def test_self_drafts_of_another_target_or_a_missing_folder_are_refused(tmp_path):
+    from speculate.domains.text.pair import load_pair, load_self_drafts
+
+    target, _, _ = load_pair()  # width 128; the large pair's drafts read width 192
+    with pytest.raises(ValueError, match="hidden size 192"):
+        load_self_drafts(target, LARGE)
+    with pytest.raises(FileNotFoundError, match=r"train_heads\.py --pair "):
+        load_self_drafts(target, tmp_path)
+
+
+@pytest.mark.slow
+def test_train_heads_script_trains_each_kind_apart_and_merges_the_record(tmp_path):
+    """``train_heads.py --only heads`` then ``--only draft`` (as two processes side by side would)
+    write loadable drafts next to the pair and one record holding both (a few steps each)."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "text"))
+    from speculate.domains.text.pair import load_pair, load_self_drafts
+    from train_heads import main
+
+    common = ["--heads-steps", "2", "--draft-steps", "2", "--out", str(tmp_path / "drafts"),
+              "--results", "smoke", "--results-dir", str(tmp_path)]
+    main(["--only", "heads", *common])
+    first = json.loads((tmp_path / "smoke.json").read_text())
+    assert "heads" in first and "feature_draft" not in first
+    main(["--only", "draft", *common])
+    both = json.loads((tmp_path / "smoke.json").read_text())
+    assert both["heads"] == first["heads"] and "feature_draft" in both
+    assert {"Medusa heads (all)", "feature draft (one column)"} <= set(both["latency_ms"])
+    assert "--only heads" in both["command"] and "--only draft" in both["command"]
+    target, _, _ = load_pair()
+    heads, draft = load_self_drafts(target, tmp_path / "drafts")
+    assert heads.n_heads == 4 and draft.config["hidden_size"] == 128
 
 
 def _per_head(heads: MedusaHeads, f: torch.Tensor) -> torch.Tensor:
