@@ -7,8 +7,8 @@ order rotates; each repeat gives a time per method and every speedup is a ratio 
 same repeat (median over repeats, with the range).
 
 - ``plain``: ``target.generate(do_sample=True)`` (transformers, KV cache);
-- ``distilled-*``: the embedded pair's distilled draft model (chains; ``block-auto`` is the best
-  configuration measured before, 2.31x at batch 1);
+- ``distilled-*``: the pair's distilled draft model (chains; ``block-auto`` is the best
+  configuration measured before: 2.31x at batch 1 on the embedded pair, 2.58x on the large one);
 - ``early-exit-N``: the target's first N layers and head as the draft;
 - ``medusa-*`` / ``eagle-*``: the heads and the feature draft trained by ``train_heads.py``, as
   chains (block rule) or trees (``[b1, b2, ...]``: static branching; ``dynamic``: width 4 per level).
@@ -19,7 +19,8 @@ drafting costs next to one target step), and ``r`` = time of one verification ca
 (the cost of scoring the chain's or tree's tokens at once).
 
 Run: ``python benchmarks/text/bench_heads.py`` (about 2 minutes, 1 torch thread: ``--threads``);
-``--quick`` for a short check. Writes ``benchmarks/results/text_heads.{json,md}``.
+``--quick`` for a short check; ``--pair large`` for the larger target (its drafts trained by
+``train_heads.py --pair large``). Writes ``benchmarks/results/text_heads[_large].{json,md}``.
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "text"))
 
-from bench_generate import batch, interleaved, prompts  # noqa: E402
+from bench_generate import NAMED, batch, interleaved, prompts  # noqa: E402
 from report import describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 from speculate.domains.text.pair import load_pair, load_self_drafts  # noqa: E402
 
 STATIC_TREE = [3, 2, 1, 1]  # 3 + 6 + 6 + 6 = 21 nodes
 WIDE_TREE = [4, 3, 2, 1]  # 4 + 12 + 24 + 24 = 64 nodes
-BEST_BEFORE = 2.31  # block rule, automatic lookahead, batch 1 (benchmarks/results/text_generate.md)
+#: block rule, automatic lookahead, batch 1: benchmarks/results/text_generate[_large].md
+BEST_BEFORE = {"embedded": 2.31, "large": 2.58}
 
 
 def generators(target, draft, heads, fd, early_exit: int) -> dict:
@@ -104,7 +106,8 @@ def setting(gens: dict, target, all_rows, B: int, n_new: int, repeats: int, pad:
 
 
 def markdown(res: dict, command: str) -> str:
-    lines = ["# Drafts on the target: Medusa heads and an EAGLE feature draft, chains and trees", "",
+    title = "" if res.get("pair", "embedded") == "embedded" else f" ({res['pair']} target)"
+    lines = [f"# Drafts on the target: Medusa heads and an EAGLE feature draft, chains and trees{title}", "",
              f"Command: `{command}`", "", f"Machine: {describe(res['machine'])}", "",
              f"Prompts: {res['n_prompts']} held-out prompts of {res['prompt_bytes']} bytes, "
              f"{res['new_tokens']} new tokens each, temperature 1, {res['repeats']} repeats (medians). "
@@ -126,6 +129,7 @@ def markdown(res: dict, command: str) -> str:
 
 
 def goals(res: dict) -> list[str]:
+    before = BEST_BEFORE.get(res.get("pair", "embedded"))
     b1 = next(s for s in res["settings"] if s["batch"] == 1)["methods"]
     out = []
     med = "medusa-chain-4"  # the cheapest drafting: one call of the heads, one sampling call
@@ -151,7 +155,7 @@ def goals(res: dict) -> list[str]:
     top = max(b1, key=lambda m: b1[m]["speedup_vs_plain"])
     out.append(f"the best draft on the target beats block + auto lookahead with the distilled draft, side by "
                f"side: {best} {b1[best]['speedup_vs_plain']:.2f}x vs {ref:.2f}x (best of the run: {top} "
-               f"{b1[top]['speedup_vs_plain']:.2f}x; block + auto measured earlier: {BEST_BEFORE}x): "
+               f"{b1[top]['speedup_vs_plain']:.2f}x; block + auto measured earlier: {before}x): "
                f"{'met' if b1[best]['speedup_vs_plain'] > ref else 'missed'}")
     return out
 
@@ -163,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--early-exit", type=int, default=3)
+    ap.add_argument("--early-exit", type=int, default=None, help="layers of the early-exit draft (a quarter)")
+    ap.add_argument("--pair", default="embedded", help="embedded, large, or a folder with target/, draft/ and "
+                    "the drafts train_heads.py saved")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, 1 repeat")
     ap.add_argument("--out", default=None, help="folder for the results (default benchmarks/results)")
@@ -171,13 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.prompts, args.new_tokens, args.repeats = 2, 32, 1
     torch.set_num_threads(args.threads)
-    target, draft, tok = load_pair()
-    heads, fd = load_self_drafts(target)
+    path = None if args.pair == "embedded" else NAMED.get(args.pair, Path(args.pair))
+    target, draft, tok = load_pair(path=path)
+    heads, fd = load_self_drafts(target, path)
+    if args.early_exit is None:
+        args.early_exit = max(1, target.config.num_hidden_layers // 4)
     pad = int(target.config.pad_token_id)
     rows = prompts(tok, args.prompts, args.prompt_bytes, seed=0)
     gens = generators(target, draft, heads, fd, args.early_exit)
-    res = {"n_prompts": args.prompts, "prompt_bytes": args.prompt_bytes, "new_tokens": args.new_tokens,
-           "repeats": args.repeats, "static_trees": [STATIC_TREE, WIDE_TREE],
+    res = {"pair": args.pair, "n_prompts": args.prompts, "prompt_bytes": args.prompt_bytes,
+           "new_tokens": args.new_tokens, "repeats": args.repeats, "static_trees": [STATIC_TREE, WIDE_TREE],
            "heads": f"{heads.n_heads} Medusa heads, {sum(p.numel() for p in heads.parameters()):,} parameters",
            "feature_draft": f"1 layer, {sum(p.numel() for p in fd.parameters()):,} parameters",
            "settings": []}
@@ -188,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     res["machine"] = machine()
     res["goals"] = goals(res) if 1 in args.batches else []
     command = "python benchmarks/text/bench_heads.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    paths = write("text_heads" if not args.quick else "text_heads_quick", res, markdown(res, command.strip()),
-                  folder=args.out)
+    name = "text_heads" + ("" if path is None else f"_{path.name}") + ("_quick" if args.quick else "")
+    paths = write(name, res, markdown(res, command.strip()), folder=args.out)
     print("\n".join(res["goals"]))
     print("wrote", *paths)
     return 0
