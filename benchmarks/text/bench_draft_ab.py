@@ -1,9 +1,10 @@
 """Drafting time per round of two versions of the library, run alternately (an A/B of a speed change).
 
 Each version decodes the same held-out prompts at batch 1 (and ``--batch``), temperature 1, with the
-embedded pair's distilled draft (block rule, lookahead 4), the shipped Medusa heads (chain of 4) and
-the shipped EAGLE feature draft (chain of 4), in a fresh process with ITS OWN code on the import path
-(the earlier revision in a temporary git worktree), in the order before, after, after, before, ...
+embedded pair's (``--pair large``: the larger pair's) distilled draft (block rule, lookahead 4), its
+Medusa heads (chain of 4) and its EAGLE feature draft (chain of 4), in a fresh process with ITS OWN
+code on the import path (the earlier revision in a temporary git worktree), in the order before,
+after, after, before, ...
 Reported per version and method: drafting time per round (``draft_time / target_calls``, what
 ``c_round`` divides by the plain step) and the target's time per call (the same model in both
 versions: a check on the machine's noise), medians over the runs, and the after / before ratio.
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "text"))
 METHODS = ("distilled-block-4", "medusa-chain-4", "eagle-chain-4")
 
 
-def worker(batches: list[int], prompts_n: int, new_tokens: int) -> dict:
+def worker(batches: list[int], prompts_n: int, new_tokens: int, pair: str = "embedded") -> dict:
     """In the version on the import path: per batch size and method, drafting and target time per round."""
     import torch
     from bench_generate import batch, prompts
@@ -39,8 +40,9 @@ def worker(batches: list[int], prompts_n: int, new_tokens: int) -> dict:
     import speculate
 
     torch.set_num_threads(1)
-    target, draft, tok = load_pair()
-    heads, fd = load_self_drafts(target)
+    path = None if pair == "embedded" else ROOT / "benchmarks" / "text" / "models" / pair
+    target, draft, tok = load_pair(path=path)
+    heads, fd = load_self_drafts(target, path) if path is not None else load_self_drafts(target)
     pad = int(target.config.pad_token_id)
     gens = {"distilled-block-4": SpeculativeGenerator(target, draft, lookahead=4, verify="block"),
             "medusa-chain-4": SpeculativeGenerator(target, heads, lookahead=4, verify="block"),
@@ -72,11 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, nargs="*", default=[1], help="batch sizes")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--pair", default="embedded", help="embedded, or large (a revision from b3781f3 on)")
     ap.add_argument("--name", default="draft_ab", help="the results' file name (benchmarks/results/NAME.*)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.batch, args.prompts, args.new_tokens)))
+        print(json.dumps(worker(args.batch, args.prompts, args.new_tokens, args.pair)))
         return 0
     if not args.before:
         ap.error("--before REV is required")
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                          check=True).stdout.strip()
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     cmd = [sys.executable, __file__, "--worker", "--batch", *map(str, args.batch), "--prompts", str(args.prompts),
-           "--new-tokens", str(args.new_tokens)]
+           "--new-tokens", str(args.new_tokens), "--pair", args.pair]
     with worktree(rev) as before:
         roots = {"before": before, "after": ROOT}
         for r in range(args.rounds):
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                    for m in rs[0][b]} for b in rs[0]} for v, rs in runs.items()}
     lines = ["# Drafting time per round: two versions, alternately", "",
              f"Command: `{env['command']}` on {describe(env)}.",
-             f"Before: {rev}; after: the working tree at {env['git_commit']}. {args.prompts} held-out prompts of "
+             f"Before: {rev}; after: the working tree at {env['git_commit']}. The {args.pair} pair and its drafts; "
+             f"{args.prompts} held-out prompts of "
              f"128 bytes, {args.new_tokens} new tokens, temperature 1, 1 torch thread; {args.rounds} runs of each "
              "version in the order before, after, after, before, ...; medians over the runs.", "",
              "| batch | method | draft us/round before | after | after / before | target us/call before | after "
