@@ -149,9 +149,13 @@ class Dense(torch.nn.Module):
 
 
 def _lin(x: torch.Tensor, m: Dense) -> torch.Tensor:
-    """``m(x)`` without the module-call overhead (a draft step is mostly overhead on a CPU)."""
-    y = torch.matmul(x, m.weight_t)
-    return y if m.bias is None else y + m.bias
+    """``m(x)`` without the module-call overhead (a draft step is mostly overhead on a CPU): the
+    parameters are read from the module's own table (the live tensors, without the attribute
+    fallback a module's parameters go through)."""
+    p = m._parameters
+    y = torch.matmul(x, p["weight_t"])
+    b = p["bias"]
+    return y if b is None else y + b
 
 
 def _rms(x: torch.Tensor, m: torch.nn.RMSNorm) -> torch.Tensor:
@@ -164,7 +168,7 @@ def _rms(x: torch.Tensor, m: torch.nn.RMSNorm) -> torch.Tensor:
     if x.device.type != "cpu" or torch.is_grad_enabled():
         return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
     H = x.shape[-1]
-    return F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * H,), None, None, m.eps)[..., :H] * m.weight
+    return F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * H,), None, None, m.eps)[..., :H] * m._parameters["weight"]
 
 
 def _one_run(s: torch.Tensor | np.ndarray, s0: int) -> bool:
@@ -257,7 +261,8 @@ class FeatureDraft(torch.nn.Module):
         qkv = _lin(x, self.qkv).view(R, W, 3, self.n_heads, self.head_dim)  # [R, W, 3, nh, d]
         cos, sin = self.rope(positions, x.dtype)  # [R, W, 1, 1, d]
         qk = qkv[:, :, :2]  # queries and keys rotated together
-        q, k = (qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin).permute(2, 0, 3, 1, 4)  # [R, nh, W, d]
+        qk = (qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin).permute(2, 0, 3, 1, 4)  # [2, R, nh, W, d]
+        q, k = qk[0], qk[1]  # [R, nh, W, d]
         v = qkv[:, :, 2].transpose(1, 2)  # [R, nh, W, d]
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [R, nh, W, d]
@@ -271,7 +276,7 @@ class FeatureDraft(torch.nn.Module):
             top = int(s.max()) + 1
             cache.ensure_capacity(max(top, 0 if visible is None else visible.shape[-1]))
             s0 = int(s[0, 0])
-            if visible is None and _one_run(s, s0):  # every row's columns at slots s0 .. s0 + W - 1
+            if visible is None and (s.size == 1 or _one_run(s, s0)):  # every row's columns at slots s0 .. s0 + W - 1
                 cache.keys[:, :, s0 : s0 + W] = k.to(cache.dtype)
                 cache.values[:, :, s0 : s0 + W] = v.to(cache.dtype)
                 mask = None  # one column per row, or only each row's last one queries: every slot < top
@@ -313,7 +318,7 @@ class FeatureDraft(torch.nn.Module):
         value), sparing the rest of the layer and the output embedding on columns nobody reads.
         """
         embed, lm_head = self._shared
-        w = self.fc.weight_t
+        w = self.fc._parameters["weight_t"]
         e = frozen_call(embed, tokens.to(w.device)).to(w.dtype)  # [R, W, H]
         x = _lin(torch.cat([features.to(w.dtype), e], dim=-1), self.fc)  # [R, W, H]
         a = self.attention(_rms(x, self.attn_norm), positions.to(w.device), cache, slots, visible, keep)
