@@ -276,7 +276,7 @@ class FeatureDraft(torch.nn.Module):
             top = int(s.max()) + 1
             cache.ensure_capacity(max(top, 0 if visible is None else visible.shape[-1]))
             s0 = int(s[0, 0])
-            if visible is None and (s.size == 1 or _one_run(s, s0)):  # every row's columns at slots s0 .. s0 + W - 1
+            if visible is None and (R == W == 1 or _one_run(s, s0)):  # every row's columns at slots s0 .. s0 + W - 1
                 cache.keys[:, :, s0 : s0 + W] = k.to(cache.dtype)
                 cache.values[:, :, s0 : s0 + W] = v.to(cache.dtype)
                 mask = None  # one column per row, or only each row's last one queries: every slot < top
