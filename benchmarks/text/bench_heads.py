@@ -21,7 +21,8 @@ and round), ``c_round`` = drafting time per round / time of one plain decoding s
 drafting costs next to one target step), and ``r`` = time of one verification call / plain step
 (the cost of scoring the chain's or tree's tokens at once).
 
-Run: ``python benchmarks/text/bench_heads.py`` (about 2 minutes, 1 torch thread: ``--threads``);
+Run: ``python benchmarks/text/bench_heads.py`` (about 3 minutes; 4 with ``--pair large``; 1 torch
+thread: ``--threads``);
 ``--quick`` for a short check; ``--pair large`` for the larger target (its drafts trained by
 ``train_heads.py --pair large``). Writes ``benchmarks/results/text_heads[_large].{json,md}``.
 """
