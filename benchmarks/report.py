@@ -27,16 +27,18 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPECULATE_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
 
 
+def relative(path: str | os.PathLike[str]) -> str:
+    """``path`` relative to the repository when it lies inside it, else as given (resolved)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
 def command(argv: list[str] | None = None, script: str | None = None) -> str:
     """The command line that ran this script, with the script's path relative to the repository
     (``argv``, ``script``: the arguments a script's ``main(argv)`` was called with and its
     ``__file__``, in place of the process's)."""
-    path = Path(script if script is not None else sys.argv[0]).resolve()
-    try:
-        path = path.relative_to(ROOT)
-    except ValueError:
-        pass
-    return " ".join(["python", str(path), *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", relative(script if script is not None else sys.argv[0]), *map(shlex.quote, args)])
 
 
 def machine(device: str = "cpu") -> dict[str, Any]:

@@ -59,7 +59,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import describe, machine, short_error, write  # noqa: E402
+from report import command, describe, machine, short_error, write  # noqa: E402
 
 from speculate import theory  # noqa: E402
 
@@ -670,9 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     sync = make_sync(args.device)
     env = machine(args.device)
     if argv is not None:  # called as main([...]) (tests, other scripts): the arguments it was given
-        import shlex
-
-        env["command"] = " ".join(["python", str(Path(__file__).resolve().relative_to(ROOT)), *map(shlex.quote, argv)])
+        env["command"] = command(argv, __file__)
     if not cuda:  # after machine(): starting numba's threads (numba.get_num_threads) resets torch's
         torch.set_num_threads(args.threads)
         env["torch_threads"] = torch.get_num_threads()

@@ -33,15 +33,16 @@ METHODS = ("distilled-block-4", "medusa-chain-4", "eagle-chain-4")
 def worker(batches: list[int], prompts_n: int, new_tokens: int, pair: str = "embedded") -> dict:
     """In the version on the import path: per batch size and method, drafting and target time per round."""
     import torch
-    from bench_generate import batch, prompts
+    from bench_generate import batch, pair_path, prompts
     from speculate.domains.text import SpeculativeGenerator
     from speculate.domains.text.pair import load_pair, load_self_drafts
 
     import speculate
 
     torch.set_num_threads(1)
-    path = None if pair == "embedded" else ROOT / "benchmarks" / "text" / "models" / pair
+    path = pair_path(pair)
     target, draft, tok = load_pair(path=path)
+    # revisions before b3781f3 take no folder: the embedded pair's drafts are their only ones
     heads, fd = load_self_drafts(target, path) if path is not None else load_self_drafts(target)
     pad = int(target.config.pad_token_id)
     gens = {"distilled-block-4": SpeculativeGenerator(target, draft, lookahead=4, verify="block"),

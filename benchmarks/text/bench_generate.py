@@ -54,6 +54,13 @@ from speculate import theory  # noqa: E402
 LARGE = ROOT / "benchmarks" / "text" / "models" / "large"
 #: pairs trained by train_pair.py outside the package, by preset name
 NAMED = {name: ROOT / "benchmarks" / "text" / "models" / name for name in ("large", "mamba")}
+
+
+def pair_path(pair: str) -> Path | None:
+    """The folder of a pair named on a command line: None for ``embedded`` (``load_pair``'s default),
+    a preset of :data:`NAMED`, or a folder."""
+    return None if pair == "embedded" else NAMED.get(pair, Path(pair))
+
 #: methods that must run (the others may be refused by transformers: their error is recorded)
 REQUIRED = ("plain", "draft-alone", "ours-token", "ours-block")
 
@@ -64,7 +71,7 @@ def load(pair: str, device: str, dtype: torch.dtype, train_missing: bool):
 
     from speculate.domains.text.pair import load_pair
 
-    path = None if pair == "embedded" else NAMED.get(pair, Path(pair))
+    path = pair_path(pair)
     if pair in NAMED and not (path / "draft" / "model.safetensors").is_file():
         cmd = [sys.executable, str(ROOT / "benchmarks" / "text" / "train_pair.py"), "--size", pair]
         if not train_missing:
@@ -423,7 +430,7 @@ def _fingerprint(pair: str) -> dict:
 
     from speculate.domains.text.pair import MODELS_DIR
 
-    base = MODELS_DIR if pair == "embedded" else NAMED.get(pair, Path(pair))
+    base = pair_path(pair) or MODELS_DIR
     return {sub: hashlib.sha256((base / sub / "model.safetensors").read_bytes()).hexdigest()[:16]
             for sub in ("target", "draft")}
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "text"))
 
-from bench_generate import NAMED, batch, interleaved, prompts  # noqa: E402
+from bench_generate import batch, interleaved, pair_path, prompts  # noqa: E402
 from report import describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 from speculate.domains.text.pair import load_pair, load_self_drafts  # noqa: E402
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.prompts, args.new_tokens, args.repeats = 2, 32, 1
     torch.set_num_threads(args.threads)
-    path = None if args.pair == "embedded" else NAMED.get(args.pair, Path(args.pair))
+    path = pair_path(args.pair)
     target, draft, tok = load_pair(path=path)
     heads, fd = load_self_drafts(target, path)
     if args.early_exit is None:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 sys.path.insert(0, str(ROOT / "benchmarks" / "text"))  # bench_generate.py, train_seq2seq.py
 
 from bench_generate import _pooled, interleaved, setting_section  # noqa: E402
-from report import describe, machine, write  # noqa: E402
+from report import describe, machine, relative, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 from speculate.domains.text.tokenizer import PAD_ID  # noqa: E402
 from train_seq2seq import OUT, collate, examples, load  # noqa: E402
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     env = machine()
     target, draft = load(args.pair / "target"), load(args.pair / "draft")
     rows = sources(args.sources, args.new_tokens, args.seed)
-    res = {"pair": str(args.pair.relative_to(ROOT)) if args.pair.is_relative_to(ROOT) else str(args.pair),
+    res = {"pair": relative(args.pair),
            "threads": args.threads, "machine": env, "n_sources": len(rows),
            "new_tokens": args.new_tokens, "repeats": args.repeats, "settings": []}
     for b in args.batch:

@@ -32,8 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from bench_generate import NAMED  # noqa: E402  (this script's folder is on sys.path)
-from report import RESULTS, command, describe, machine, write  # noqa: E402
+from bench_generate import pair_path  # noqa: E402  (this script's folder is on sys.path)
+from report import RESULTS, command, describe, machine, relative, write  # noqa: E402
 from speculate.domains.text.corpus import load_corpus  # noqa: E402
 from speculate.domains.text.distill import acceptance_rate, sample_continuations, sample_windows  # noqa: E402
 from speculate.domains.text.feature_draft import (  # noqa: E402
@@ -46,7 +46,8 @@ from speculate.domains.text.pair import MODELS_DIR, load_pair  # noqa: E402
 from train_pair import latency_ms  # noqa: E402  (this script's folder is on sys.path)
 
 HEADS_DIR, DRAFT_DIR = MODELS_DIR / "target-heads", MODELS_DIR / "target-feature-draft"
-PARTS = ("heads", "feature_draft")  # what --only heads / --only draft train
+#: what --only heads / --only draft train, and the label of each one's drafting latency
+PARTS = {"heads": "Medusa heads (all)", "feature_draft": "feature draft (one column)"}
 # Trials that chose the defaults (seed 0, two runs at a time on the 2-core machine; alphas on the
 # evaluation states; tokens per call as in the report).
 TUNING = [
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--results", default=None, help="results name (default text_train_heads[_<pair>])")
     ap.add_argument("--results-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    path = None if args.pair == "embedded" else NAMED.get(args.pair, Path(args.pair))
+    path = pair_path(args.pair)
     args.out = args.out or path or MODELS_DIR
     args.results = args.results or "text_train_heads" + ("" if path is None else f"_{path.name}")
     torch.set_num_threads(args.threads)
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
         heads = MedusaHeads.from_pretrained(args.out / HEADS_DIR.name, target)
         before = heads_acceptance(target, MedusaHeads.for_target(target, args.n_heads, args.head_layers), states, 127)
         after = heads_acceptance(target, heads, states, 127)
-        report["heads"] = {**res.config, "command": report["command"], "folder": _rel(args.out / HEADS_DIR.name),
+        report["heads"] = {**res.config, "command": report["command"], "folder": relative(args.out / HEADS_DIR.name),
                            "params": n_params(heads), "folder_kb": folder_kb(args.out / HEADS_DIR.name),
                            "seconds": round(res.seconds, 1), "alpha_before": before, "alpha_after": after,
                            "tokens_per_call": expected_tokens(after), "alpha_float32_before_saving": float32,
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
                            "loss_last50": sum(res.losses[-50:]) / len(res.losses[-50:])}
         log(f"heads: {report['heads']}")
         feat = torch.zeros(1, heads.config["hidden_size"])  # [R, H]: one row's last feature
-        latency["Medusa heads (all)"] = step_ms(lambda: heads.draft_logits(feat))  # what drafting calls
+        latency[PARTS["heads"]] = step_ms(lambda: heads.draft_logits(feat))  # what drafting calls
 
     if args.only in (None, "draft"):
         fresh = FeatureDraft.for_target(target, intermediate_size=args.draft_mlp)
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
                                           states, 127)
         tf, roll = feature_draft_acceptance(target, draft, states, 127)
         report["feature_draft"] = {
-            **res.config, "command": report["command"], "folder": _rel(args.out / DRAFT_DIR.name),
+            **res.config, "command": report["command"], "folder": relative(args.out / DRAFT_DIR.name),
             "n_heads": draft.n_heads, "intermediate_size": args.draft_mlp, "params": n_params(draft),
             "folder_kb": folder_kb(args.out / DRAFT_DIR.name), "seconds": round(res.seconds, 1),
             "alpha_before": before[0], "alpha_rollout_before": before[1], "alpha_teacher_forced": tf,
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
             "tokens_per_call_4": expected_tokens([tf] + [roll] * 3),
             "loss_first": res.losses[0], "loss_last50": sum(res.losses[-50:]) / len(res.losses[-50:])}
         log(f"feature draft: {report['feature_draft']}")
-        latency["feature draft (one column)"] = feature_draft_ms(draft)
+        latency[PARTS["feature_draft"]] = feature_draft_ms(draft)
 
     report["latency_ms"] = latency
     report["machine"] = env
@@ -194,13 +195,6 @@ def main(argv: list[str] | None = None) -> dict:
         report = merged(Path(args.results_dir) / f"{args.results}.json", report)
     write(args.results, report, markdown(report), folder=args.results_dir)
     return report
-
-
-def _rel(folder: Path) -> str:
-    try:
-        return str(folder.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(folder)
 
 
 def merged(old_path: Path, new: dict) -> dict:
@@ -212,10 +206,9 @@ def merged(old_path: Path, new: dict) -> dict:
         return new
     out = dict(new)
     latency = dict(new["latency_ms"])
-    for part in PARTS:
+    for part, label in PARTS.items():
         if part not in new and part in old:
             out[part] = old[part]
-            label = "Medusa heads (all)" if part == "heads" else "feature draft (one column)"
             if label in old.get("latency_ms", {}):
                 latency[label] = old["latency_ms"][label]
     out["latency_ms"] = latency

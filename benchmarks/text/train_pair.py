@@ -42,7 +42,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import RESULTS, describe, machine, write  # noqa: E402
+from report import RESULTS, describe, machine, relative, write  # noqa: E402
 from speculate.domains.text.corpus import load_corpus  # noqa: E402
 from speculate.domains.text.distill import (  # noqa: E402
     acceptance_rate,
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> dict:
         **({"arch": "mamba", "train_scan": "mamba_training_scan (unbind; bitwise transformers' "
             "torch scan)"} if is_mamba else {}),
         "seed": args.seed,
-        "out": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out),
+        "out": relative(out),
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "transformers": __import__("transformers").__version__,
                         "threads": args.threads, "machine": platform.machine()},

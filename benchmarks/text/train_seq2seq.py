@@ -44,7 +44,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import describe, machine, write  # noqa: E402
+from report import describe, machine, relative, write  # noqa: E402
 from speculate.domains.text.corpus import load_corpus  # noqa: E402
 from speculate.domains.text.distill import divergence_loss  # noqa: E402
 from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     report = {
         "command": env["command"], "seed": args.seed,
-        "out": str(args.out.relative_to(ROOT)) if args.out.is_relative_to(ROOT) else str(args.out),
+        "out": relative(args.out),
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "transformers": __import__("transformers").__version__,
                         "threads": args.threads},
