@@ -187,6 +187,6 @@ def test_shapes_chosen_while_drafting_are_exact(replacement):
         assert_exact_law(extend_with_target(law, T, 3, 3), target_joint_law(T, 3, 3), "adaptive shape (C)")
     T, D = cases[0]
     bad = _adaptive_round_law(T, D, 3, replacement, drop_seen=True)
-    # the first token's law moves off p = (16/64, 20/64, 7/16) by 3/64, i.i.d. children or not
+    # the first token's law moves off p = (16/64, 20/64, 7/16): by 3/64 with i.i.d. children, 1/64 without
     want = [F(13, 64), F(23, 64), F(7, 16)] if replacement else [F(15, 64), F(21, 64), F(7, 16)]
     assert marginal(bad, 0, 3) == want

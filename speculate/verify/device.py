@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .one_round import round_outcomes
+from .one_round import check_draft_laws, round_outcomes
 
 __all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "multi_device", "token_device", "upload",
            "verify_block_device", "verify_device_round", "verify_greedy_device", "verify_multi_device",
@@ -85,41 +85,39 @@ def verify_device_round(
     m = branches
     oshape, outcomes = round_outcomes(target, proposal, rule, m, k, R)  # the host route's checks
     p, V = target.probs, target.num_outcomes
-    if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):  # a gather index: checked here
-        raise ValueError(f"drafted outcome outside 0..{V - 1}")
+    if rule != "greedy":
+        check_draft_laws(proposal.dists, outcomes, oshape, V, on_device=True)  # and of the draft's laws
     dev = p.device
     drafts = upload(np.asarray(outcomes, np.int64), dev)
     lens = upload(np.ascontiguousarray(lengths, np.int64), dev)
+    branch = None  # one branch: all zeros, made on the host
     if rule == "greedy":
         n, nxt, ok = greedy_device(p, drafts, lens)
-        branch = torch.zeros_like(n)
     else:
-        q = _round_q(proposal.dists, p, drafts, (*oshape, V))
+        q = _round_q(proposal.dists, p, drafts, (*oshape, V))  # checked above
         u = upload(rng.random(R + R * k * m), dev)  # one copy; the CPU route's order: u_next, u_accept
         u_next, u_accept = u[:R], u[R:].view((R, k, m) if m != 1 else (R, k))
         if m != 1:
             n, nxt, branch, ok = multi_device(p, q, drafts, lens, u_accept, u_next)
         else:
             n, nxt, ok = (token_device if rule == "token" else block_device)(p, q, drafts, lens, u_accept, u_next)
-            branch = torch.zeros_like(n)
-    out = torch.stack([n, nxt, branch, ok.to(torch.int64)]).cpu().numpy()  # the round's one transfer
-    _raise_bad(out[3])
-    return out[0], out[1], out[2], "multi-device" if m != 1 else f"{rule}-device"
+    rows = [n, nxt, ok.to(torch.int64)] + ([] if branch is None else [branch])
+    out = torch.stack(rows).cpu().numpy()  # the round's one transfer
+    _raise_bad(out[2])
+    if branch is None:
+        return out[0], out[1], np.zeros(R, np.int64), f"{rule}-device"
+    return out[0], out[1], out[3], "multi-device"
 
 
 def _round_q(d: Any, p: Tensor, drafts: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """The draft laws ``shape`` = ``[*drafts.shape, V]`` on ``p``'s device: point masses at the
-    drafts (``d`` None), a DeviceCategorical's tensor or a host Categorical's array."""
+    """The draft laws ``shape`` = ``[*drafts.shape, V]`` (checked: ``one_round.check_draft_laws``) on
+    ``p``'s device: point masses at the drafts (``d`` None), a DeviceCategorical's tensor or a host
+    Categorical's array."""
     if d is None:  # deterministic drafts: point masses at the outcomes
-        q = torch.zeros(shape, dtype=p.dtype, device=p.device).scatter_(-1, drafts[..., None], 1.0)
-    elif isinstance(d, DeviceCategorical):
-        q = d.probs.to(p.device)
-    else:  # a host Categorical
-        q = upload(np.ascontiguousarray(d.probs), p.device)
-    if tuple(q.shape) != shape:
-        raise ValueError(f"draft distributions must be [R, {'m, ' if len(shape) == 4 else ''}k, V] = {shape}, "
-                         f"got {tuple(q.shape)}")
-    return q
+        return torch.zeros(shape, dtype=p.dtype, device=p.device).scatter_(-1, drafts[..., None], 1.0)
+    if isinstance(d, DeviceCategorical):
+        return d.probs.to(p.device)
+    return upload(np.ascontiguousarray(d.probs), p.device)  # a host Categorical
 
 
 def _raise_bad(ok: np.ndarray) -> None:
@@ -179,8 +177,9 @@ def _drafts_ok(valid: Tensor, inside: Tensor, px: Tensor, qx: Tensor, read: Tens
 
 
 def _weight(x: Tensor) -> Tensor:
-    """``max(x, 0)`` as ``_inverse_cdf.weight`` takes it: NaN and -inf give NaN (a residual built from
-    +inf q or -inf p is not finite, and the row is refused), not 0 as ``clamp(min=0)`` would."""
+    """``max(x, 0)`` as ``_inverse_cdf.weight`` takes it where it matters: NaN and -inf give NaN, not 0
+    as ``clamp(min=0)`` would (a residual built from +inf q or -inf p is not finite, and the row is
+    refused); +inf gives NaN where the kernel keeps +inf, a row refused either way."""
     return torch.maximum(x, 0.0 * x)  # maximum propagates NaN; 0 * -inf is NaN; 0 * a finite x is +-0
 
 

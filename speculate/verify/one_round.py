@@ -138,23 +138,35 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
     return n, nxt, branch, "multi"
 
 
-def _draft_probs(dists, outcomes, oshape, V, dtype):
-    if dists is None:  # deterministic drafts (e.g. n-gram lookup): point masses at the outcomes
-        q = np.zeros((*oshape, V), dtype)
-        if outcomes.size:
-            if outcomes.min() < 0 or outcomes.max() >= V:
-                raise ValueError(f"drafted outcome outside 0..{V - 1}")
-            np.put_along_axis(q, outcomes[..., None], 1.0, axis=-1)
-        return q
-    if not isinstance(dists, Categorical):
+def check_draft_laws(dists: Any, outcomes: np.ndarray, oshape: tuple[int, ...], V: int,
+                     on_device: bool = False) -> None:
+    """What every Categorical round checks of the draft's laws, on the host or on a device
+    (``device.verify_device_round``, where a DeviceCategorical is a law too): point-mass drafts
+    (``dists`` None) name outcomes in 0..V-1 (they index the point masses); laws are a batched
+    Categorical of ``V`` outcomes and batch shape ``oshape``. A drafted outcome outside 0..V-1 with
+    laws is the rules' to report, where they read it."""
+    if dists is None:
+        if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):
+            raise ValueError(f"drafted outcome outside 0..{V - 1}")
+        return
+    if not (isinstance(dists, Categorical) or (on_device and getattr(dists, "on_device", False))):
         raise ValueError(
             f"the target is Categorical but the draft distributions are {type(dists).__name__}: "
             "give a batched speculate.Categorical (or None for point-mass drafts)"
         )
     if dists.num_outcomes != V:
         raise ValueError(f"vocabulary mismatch: target has {V} outcomes, draft has {dists.num_outcomes}")
-    if dists.batch_shape != oshape:
-        raise ValueError(f"draft distributions must have batch shape {oshape}, got {dists.batch_shape}")
+    if tuple(dists.batch_shape) != oshape:
+        raise ValueError(f"draft distributions must have batch shape {oshape}, got {tuple(dists.batch_shape)}")
+
+
+def _draft_probs(dists, outcomes, oshape, V, dtype):
+    check_draft_laws(dists, outcomes, oshape, V)
+    if dists is None:  # deterministic drafts (e.g. n-gram lookup): point masses at the outcomes
+        q = np.zeros((*oshape, V), dtype)
+        if outcomes.size:
+            np.put_along_axis(q, outcomes[..., None], 1.0, axis=-1)
+        return q
     return dists.probs
 
 

@@ -398,3 +398,29 @@ def test_multi_draft_round_on_the_device_takes_the_token_rule(rule):
     with pytest.raises(ValueError) as dev:
         _round(DeviceCategorical(torch.from_numpy(P.probs)), Q, drafts, lengths, rule, 2, 2, seed=0)
     assert str(dev.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_a_bad_drafted_outcome_the_rule_never_reads_is_the_cpu_routes_to_judge(m):
+    """A drafted outcome outside 0..V-1 after a certain rejection (q puts all its mass on a token p
+    gives none): the CPU route never reads it and returns, so the device route returns the same
+    (n, next, branch) from the same generator; with point-mass drafts both refuse it first."""
+    V, k = 4, 2
+    p = np.tile(np.array([0.0, 0.5, 0.5, 0.0]), (1, m, k + 1, 1))  # [1, m, k+1, V]
+    q = np.tile(np.array([1.0, 0.0, 0.0, 0.0]), (1, m, k, 1))  # draft 0 at depth 0: p/q = 0, rejected
+    q[..., 1, :] = 0.25
+    drafts = np.tile(np.array([0, 7]), (1, m, 1))
+    lengths = np.full((1, m), k)
+    if m == 1:
+        p, q, drafts, lengths = p[:, 0], q[:, 0], drafts[:, 0], lengths[:, 0]
+    P, Q = Categorical(p), Categorical(q)
+    dev_p = DeviceCategorical(torch.from_numpy(p))
+    for seed in range(4):
+        (cn, cnxt, cbr, _), cu = _round(P, Q, drafts, lengths, "token", m, k, seed)
+        for dists in (Q, DeviceCategorical(torch.from_numpy(q))):
+            (dn, dnxt, dbr, _), du = _round(dev_p, dists, drafts, lengths, "token", m, k, seed)
+            assert (dn.tolist(), dnxt.tolist(), dbr.tolist(), du) == (cn.tolist(), cnxt.tolist(), cbr.tolist(), cu)
+        assert cn.tolist() == [0] and cnxt[0] in (1, 2)
+    for target in (P, dev_p):
+        with pytest.raises(ValueError, match=r"drafted outcome outside 0\.\.3"):
+            _round(target, None, drafts, lengths, "token", m, k, seed=0)
