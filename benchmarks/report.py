@@ -51,8 +51,9 @@ def machine(device: str = "cpu") -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 check=False, cwd=ROOT).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                    text=True, check=False, cwd=ROOT).stdout.strip())
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                     ":!benchmarks/results"],  # results written but not committed: not the code
+                                    capture_output=True, text=True, check=False, cwd=ROOT).stdout.strip())
     except OSError:
         commit, dirty = "", False
     out: dict[str, Any] = {

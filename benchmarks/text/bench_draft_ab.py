@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", help="the earlier revision (any git revision)")
     ap.add_argument("--rounds", type=int, default=6, help="runs of each version (alternating)")
-    ap.add_argument("--batch", type=int, nargs="*", default=[1], help="batch sizes")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--pair", default="embedded", help="embedded, or large (a revision from b3781f3 on)")

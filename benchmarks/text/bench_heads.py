@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "text"))
 
 from bench_generate import batch, interleaved, pair_path, prompts  # noqa: E402
-from report import describe, machine, write  # noqa: E402
+from report import command, describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
 from speculate.domains.text.pair import load_pair, load_self_drafts  # noqa: E402
 
@@ -163,7 +163,8 @@ def goals(res: dict) -> list[str]:
     top = max(b1, key=lambda m: b1[m]["speedup_vs_plain"])
     out.append(f"the best draft on the target beats block + auto lookahead with the distilled draft, side by "
                f"side: {best} {b1[best]['speedup_vs_plain']:.2f}x vs {ref:.2f}x (best of the run: {top} "
-               f"{b1[top]['speedup_vs_plain']:.2f}x; block + auto measured earlier: {before}x): "
+               f"{b1[top]['speedup_vs_plain']:.2f}x; block + auto measured earlier: "
+               f"{'not for this pair' if before is None else f'{before}x'}): "
                f"{'met' if b1[best]['speedup_vs_plain'] > ref else 'missed'}")
     return out
 
@@ -204,9 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         res["settings"].append(setting(gens, target, rows, B, args.new_tokens, args.repeats, pad))
     res["machine"] = machine()
     res["goals"] = goals(res) if 1 in args.batches else []
-    command = "python benchmarks/text/bench_heads.py " + " ".join(argv if argv is not None else sys.argv[1:])
     name = "text_heads" + ("" if path is None else f"_{path.name}") + ("_quick" if args.quick else "")
-    paths = write(name, res, markdown(res, command.strip()), folder=args.out)
+    paths = write(name, res, markdown(res, command(argv, __file__)), folder=args.out)
     print("\n".join(res["goals"]))
     print("wrote", *paths)
     return 0

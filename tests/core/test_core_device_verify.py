@@ -405,7 +405,7 @@ def test_a_bad_drafted_outcome_the_rule_never_reads_is_the_cpu_routes_to_judge(m
     """A drafted outcome outside 0..V-1 after a certain rejection (q puts all its mass on a token p
     gives none): the CPU route never reads it and returns, so the device route returns the same
     (n, next, branch) from the same generator; with point-mass drafts both refuse it first."""
-    V, k = 4, 2
+    k = 2  # V = 4 outcomes
     p = np.tile(np.array([0.0, 0.5, 0.5, 0.0]), (1, m, k + 1, 1))  # [1, m, k+1, V]
     q = np.tile(np.array([1.0, 0.0, 0.0, 0.0]), (1, m, k, 1))  # draft 0 at depth 0: p/q = 0, rejected
     q[..., 1, :] = 0.25
