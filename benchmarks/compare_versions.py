@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", required=True, help="the earlier revision (any git revision)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each version (alternating)")
     ap.add_argument("--text-args", default=TEXT_ARGS, help="options for text/bench_generate.py")
+    ap.add_argument("--name", default="versions", help="the results' file name (benchmarks/results/NAME.*)")
     args = ap.parse_args(argv)
     env = machine()
     rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True,
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|",
     ]
     lines += [f"| {k} | {med['before'][k]:.4g} | {med['after'][k]:.4g} | {ratio[k]:.3f} |" for k in keys]
-    write("versions", payload, "\n".join(lines))
+    write(args.name, payload, "\n".join(lines))
     print("\n".join(lines))
     return 0
 

@@ -35,7 +35,7 @@ static steps, recorded as CUDA graphs on a GPU and run eagerly on a CPU):
   o(k) fitted to the round time minus the standalone costs instead.
 
 Run: ``python benchmarks/gpu/bench_speed_model.py --device cuda`` (presets 1b and 8b, batch
-1 / 8 / 32, about 4 minutes on an H100; ``--max-seconds`` skips what is left and says so);
+1 / 8 / 32, budgeted at 4 minutes on an H100, not yet run on one; ``--max-seconds`` skips what is left and says so);
 ``--preset tiny --device cpu`` for a smoke test. Writes ``benchmarks/results/gpu_speed_model.{json,md}``
 (``speed_model_cpu`` on a CPU) or ``--out PREFIX``.{json,md}, after every finished batch size.
 """

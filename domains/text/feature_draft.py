@@ -123,8 +123,9 @@ class Dense(torch.nn.Module):
     """A linear layer that keeps its weight as ``weight_t`` ``[in, out]``: ``x @ weight_t + bias``.
 
     At draft sizes on a CPU a product with a contiguous right factor is faster than ``F.linear``'s
-    with the transposed ``[out, in]`` weight: 0.63-0.76 of its time warm, 0.84-0.88 cold, and 3.7%
-    less drafting time per EAGLE round in the decoding loop (``benchmarks/results/draft_ops.md``).
+    with the transposed ``[out, in]`` weight: 0.63-0.76 of its time warm, 0.84-0.88 cold; reverting
+    to ``F.linear`` costs 3.7% more drafting time per EAGLE round in the decoding loop (one run:
+    ``benchmarks/results/draft_ops.md``).
     Initialised as ``torch.nn.Linear`` (the same random draws); ``weight`` is the ``[out, in]`` view;
     checkpoints saved with ``weight`` load too.
     """
@@ -163,8 +164,9 @@ def _rms(x: torch.Tensor, m: torch.nn.RMSNorm) -> torch.Tensor:
     norm of ``[x, -x]`` (mean 0, variance ``mean(x ** 2)``: the same numbers up to rounding), cut to
     its first half and scaled: four small ops where ``F.rms_norm`` runs about ten kernels there.
     Timed alone it is no faster (1.03-1.07 of ``F.rms_norm``'s time), but in the decoding loop, a
-    step right after the target's forward, it takes 4% off the drafting time per EAGLE round
-    (``benchmarks/results/draft_ops.md``; why the two differ is not pinned down)."""
+    step right after the target's forward, reverting to ``F.rms_norm`` costs 4.1% more drafting time
+    per EAGLE round (one run: ``benchmarks/results/draft_ops.md``; why the two differ is not pinned
+    down)."""
     if x.device.type != "cpu" or torch.is_grad_enabled():
         return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
     H = x.shape[-1]
