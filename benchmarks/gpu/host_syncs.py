@@ -25,12 +25,12 @@ The phases are found by wrapping ``TextProcess.propose / score / commit`` and th
 ``verify_round`` (``speculate.rounds.verify_round`` and ``speculate.verify.one_round.verify_round``)
 in this process only; the originals are put back afterwards.
 
-Run on a GPU machine: ``python benchmarks/gpu/host_syncs.py`` (CUDA by default; budgeted at 90 s
-on an H100, not yet run on one). Writes ``$OUT/gpu_host_syncs.{json,md}`` (``OUT`` defaults to
-benchmarks/results; ``--out PREFIX`` writes ``PREFIX.json`` / ``PREFIX.md``). ``--device cpu`` runs the same plumbing on a CPU
-for a smoke test: the sync debug mode needs CUDA, so nothing is detected there (the output says
-so). Exit code 0, or 1 when a variant failed (its error is in the output); with no CUDA device
-and no ``--device``, it says so and exits 0.
+Run on a GPU machine: ``python benchmarks/gpu/host_syncs.py`` (CUDA by default; budgeted at 90 s on
+an H100, not yet run on one). Writes ``$OUT/gpu_host_syncs.{json,md}`` (``OUT`` defaults to
+benchmarks/results; ``--out PREFIX`` writes ``PREFIX.json`` / ``PREFIX.md``). ``--device cpu`` runs
+the same plumbing on a CPU for a smoke test: the sync debug mode needs CUDA, so nothing is detected
+there (the output says so). Exit code 0, or 1 when a variant failed (its error is in the output);
+with no CUDA device and no ``--device``, it says so and exits 0.
 """
 
 from __future__ import annotations
