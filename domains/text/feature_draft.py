@@ -39,6 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from speculate.verify.device import upload
+
 from .distill import acceptance, divergence_loss
 from .heads import (
     check_summary,
@@ -227,22 +229,25 @@ class FeatureDraft(torch.nn.Module):
         cache.reset(batch, capacity)
         return cache
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, positions: torch.Tensor | np.ndarray, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin ``[R, W, 1, 1, head_dim]`` of rotate-half RoPE at ``positions`` ``[R, W]``
         (the sine's first half negated: ``rotate_half(x) * sin == x.roll(d / 2) * signed_sin``, the same
-        numbers). Without autograd (drafting) they are read from a table by position, computed once
-        per device and dtype with the same formula."""
+        numbers), on the draft's device. Without autograd (drafting) they are read from a table by
+        position, computed once per device and dtype with the same formula; positions on the host (a
+        NumPy array: what drafting passes) size the table without a device sync."""
+        dev = self.fc._parameters["weight_t"].device
         if torch.is_grad_enabled():
-            return self._rope(positions, dtype)
+            return self._rope(torch.as_tensor(positions, device=dev), dtype)
         n = int(positions.max()) + 1
-        key = (positions.device, dtype)
+        key = (dev, dtype)
         tab = self.__dict__.get("_rope_table")
         if tab is None or tab[0] != key or tab[1].shape[0] < n:
             m = max(n, 2 * (tab[1].shape[0] if tab is not None and tab[0] == key else 0), 256)
-            cos, sin = self._rope(torch.arange(m, device=positions.device)[None], dtype)  # [1, m, 1, 1, d]
+            cos, sin = self._rope(torch.arange(m, device=dev)[None], dtype)  # [1, m, 1, 1, d]
             tab = (key, cos[0], sin[0])
             self.__dict__["_rope_table"] = tab
-        return tab[1][positions], tab[2][positions]
+        idx = upload(positions, dev) if isinstance(positions, np.ndarray) else positions.to(dev)
+        return tab[1][idx], tab[2][idx]
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         ft = torch.float64 if dtype == torch.float64 else torch.float32
@@ -254,7 +259,7 @@ class FeatureDraft(torch.nn.Module):
         sin = torch.cat([-sin, sin], dim=-1)[:, :, None, None]
         return cos.to(dtype), sin.to(dtype)
 
-    def attention(self, x: torch.Tensor, positions: torch.Tensor, cache: FeatureCache | None,
+    def attention(self, x: torch.Tensor, positions: torch.Tensor | np.ndarray, cache: FeatureCache | None,
                   slots: torch.Tensor | np.ndarray | None, visible: torch.Tensor | None,
                   keep: torch.Tensor | np.ndarray | None = None) -> torch.Tensor:
         """The attention block's output ``[R, W, H]`` (``[R, 1, H]`` with ``keep``: only column
@@ -304,26 +309,26 @@ class FeatureDraft(torch.nn.Module):
                                                attn_mask=mask)  # [R, nh, W or 1, d]
         return _lin(y.transpose(1, 2).reshape(R, y.shape[2], H), self.proj)
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor | np.ndarray,
                 cache: FeatureCache | None = None, slots: torch.Tensor | np.ndarray | None = None,
                 visible: torch.Tensor | None = None, keep: torch.Tensor | np.ndarray | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(hidden [R, W, H], logits [R, W, V])`` of columns (feature at ``positions``, next token).
 
-        Without ``cache``: causal attention over the ``W`` columns. With one: column ``j`` of row
-        ``r`` writes its key/value at slot ``slots[r, j]`` first, then attends to the slots
-        ``s < visible.shape[-1]`` where ``visible[r, j, s]`` (``visible=None``: every slot up to
-        ``slots[r, j]``, the causal case of chains). ``slots`` as a NumPy array (on the host) spares
-        a device sync when the draft runs on an accelerator. ``keep`` ``[R]`` (a tensor, or a NumPy
-        array on the host): return only column
-        ``keep[r]`` of each row (``[R, 1, H]``, ``[R, 1, V]``; every column still writes its key and
-        value), sparing the rest of the layer and the output embedding on columns nobody reads.
+        Without ``cache``: causal attention over the ``W`` columns. With one: column ``j`` of row ``r``
+        writes its key/value at slot ``slots[r, j]`` first, then attends to the slots ``s <
+        visible.shape[-1]`` where ``visible[r, j, s]`` (``visible=None``: every slot up to ``slots[r,
+        j]``, the causal case of chains). ``positions`` and ``slots`` as NumPy arrays (on the host)
+        spare device syncs when the draft runs on an accelerator. ``keep`` ``[R]`` (a tensor, or a NumPy
+        array on the host): return only column ``keep[r]`` of each row (``[R, 1, H]``, ``[R, 1, V]``;
+        every column still writes its key and value), sparing the rest of the layer and the output
+        embedding on columns nobody reads.
         """
         embed, lm_head = self._shared
         w = self.fc._parameters["weight_t"]
         e = frozen_call(embed, tokens.to(w.device)).to(w.dtype)  # [R, W, H]
         x = _lin(torch.cat([features.to(w.dtype), e], dim=-1), self.fc)  # [R, W, H]
-        a = self.attention(_rms(x, self.attn_norm), positions.to(w.device), cache, slots, visible, keep)
+        a = self.attention(_rms(x, self.attn_norm), positions, cache, slots, visible, keep)
         x = (x if keep is None else _pick(x, keep, 1)) + a  # [R, W or 1, H]
         gu = _lin(_rms(x, self.mlp_norm), self.gate_up)  # [R, W, 2I]: gate, then up
         half = gu.shape[-1] // 2

@@ -252,8 +252,8 @@ class EagleDraft(_FeatureReader):
         feats = self.fbuf[rt[:, None], torch.as_tensor(known, device=dev)]  # [R, W, H]
         nxt = tokens.ids[rows[:, None], np.minimum(pos + 1, tokens.ids.shape[1] - 1)]  # [R, W]
         last = np.maximum(P - 1, 0)  # on the host: a slice where every row's last column is the block's
-        h, lg = self.fd(feats, torch.as_tensor(nxt, device=dev), torch.as_tensor(pos, device=dev), self.cache,
-                        pos, keep=last)  # causal over the slots; the outputs of each row's last column
+        h, lg = self.fd(feats, torch.as_tensor(nxt, device=dev), pos, self.cache, pos,
+                        keep=last)  # causal over the slots; the outputs of each row's last column
         self.clen = n.copy()
         return h[:, 0], lg[:, 0]
 
@@ -276,8 +276,8 @@ class EagleDraft(_FeatureReader):
             _draw_depth(lg, tr, rng, out, q, d)
             if d + 1 < steps:  # node d + 1: (the feature predicted at node d, draft d)
                 slot = slot + 1
-                hh, ll = self.fd(h[:, None], torch.as_tensor(out[:, d : d + 1], device=dev),
-                                 torch.as_tensor(slot, device=dev), self.cache, slot)  # sees every slot up to its own
+                hh, ll = self.fd(h[:, None], torch.as_tensor(out[:, d : d + 1], device=dev), slot, self.cache,
+                                 slot)  # position = slot: sees every slot up to its own
                 h, lg = hh[:, 0], ll[:, 0]
         return Drafted(out, q, lengths, None)
 
@@ -314,8 +314,8 @@ class EagleDraft(_FeatureReader):
                 cur = np.where(up, parent[rr[:, None], cur], 0)
             r_, m_ = np.nonzero(~on)
             visible[r_, m_, C - 1] = True  # unused columns see only their own spare slot
-            h, lg = self.fd(f_in, torch.as_tensor(toks[rr[:, None], v], device=dev), torch.as_tensor(pos, device=dev),
-                            self.cache, slots, torch.as_tensor(visible, device=dev))
+            h, lg = self.fd(f_in, torch.as_tensor(toks[rr[:, None], v], device=dev), pos, self.cache, slots,
+                            torch.as_tensor(visible, device=dev))
             r_, m_ = np.nonzero(on)
             hid[0][torch.as_tensor(r_, device=dev), torch.as_tensor(v[r_, m_], device=dev)] = h[
                 torch.as_tensor(r_, device=dev), torch.as_tensor(m_, device=dev)]
