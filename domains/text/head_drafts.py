@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from speculate._inverse_cdf import draw_rows
+from speculate import Categorical
 from speculate.verify import Tree
 
 from .feature_draft import FeatureDraft
@@ -69,14 +69,14 @@ def _draw_depth(logits: torch.Tensor, tr: Transforms, rng: np.random.Generator, 
         out[:, d] = x.argmax(-1).cpu().numpy()
         return None
     pr = probabilities(x, tr.cfg).cpu().numpy()  # [R, V] or [R, depths, V]
-    flat = pr.reshape(-1, pr.shape[-1])
-    idx, status = draw_rows(flat, rng.random(flat.shape[0]))  # Categorical.sample's uniforms, row-major
-    if status:  # softmax rows are NaN only where a logit was NaN or +inf
+    try:  # one uniform per row, row-major; a row with NaN raises
+        idx = Categorical(pr, validate=False).sample(rng)
+    except ValueError:  # softmax rows are NaN only where a logit was NaN or +inf
         raise ValueError("the draft's logits are not finite (NaN or +inf): its weights or "
-                         "activations overflowed or hold NaN")
+                         "activations overflowed or hold NaN") from None
     if q is not None:
         q[:, d] = pr
-    out[:, d] = idx.reshape(pr.shape[:-1])
+    out[:, d] = idx
     return pr
 
 

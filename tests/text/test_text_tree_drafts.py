@@ -156,6 +156,19 @@ def test_bad_input_is_refused_before_work(make_llama):
         SpeculativeGenerator(target, heads, tree=DynamicTree(width=0))
 
 
+@pytest.mark.parametrize("kind", ["heads", "feature"])
+def test_nan_logits_of_a_draft_on_the_target_are_refused(make_llama, kind):
+    """A draft on the target whose weights hold NaN: a clear error when it samples, not samples."""
+    target = make_llama(eos=None)
+    draft = _drafter(kind, target)
+    with torch.no_grad():
+        next(p for n, p in draft.named_parameters() if n in ("out", "down.weight_t"))[0, 0] = float("nan")
+    for tree in (None, [2, 1]):
+        gen = SpeculativeGenerator(target, draft, lookahead=2, tree=tree)
+        with pytest.raises(ValueError, match="draft's logits are not finite"):
+            gen.generate([[1, 2, 3]] * 2, max_new_tokens=6, eos_token_id=[])
+
+
 @pytest.mark.parametrize(("key", "why"), [("mamba", "recurrent layers"), ("bloom", "ALiBi")])
 def test_trees_on_targets_that_cannot_score_one_are_refused(key, why):
     """Chains work on these families; a tree needs one state per branch (recurrent layers) or
