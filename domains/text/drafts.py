@@ -367,7 +367,6 @@ def early_exit_model(target: Any, n_layers: int, path: list[str] | None = None) 
     for mod in owners:
         c = copy.copy(mod)
         c._modules = dict(mod._modules)
-        c.__dict__.pop("_speculate_checks", None)  # the shallower model is checked on its own
         _rebind_hook(c)
         if hasattr(mod, "config"):
             if mod is not target and mod.config is text_config(target.config):

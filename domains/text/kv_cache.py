@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -572,13 +573,18 @@ def check_model(model: Any, role: str = "model") -> None:
         raise ValueError(why)
 
 
+#: model object -> {tag: (setting, verdict)}: what :func:`remembered` stored (by the object itself,
+#: so a copy of a model, shallow or deep, is checked on its own; dropped with the model)
+CHECKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def remembered(model: Any, tag: str, probe: Any) -> str | None:
     """``probe()``'s verdict (None, or why the model is refused) for ``model`` under ``tag``: computed
-    once per model object and setting (class, dtype, device, attention implementation) and stored
-    on the model (``_speculate_checks``); a probe that raises stores nothing."""
+    once per model object and setting (class, dtype, device, attention implementation) and kept in
+    :data:`CHECKS`; a probe that raises stores nothing."""
     p = next(model.parameters())
     key = (type(model), p.dtype, p.device, getattr(model.config, "_attn_implementation", None))
-    checks = model.__dict__.setdefault("_speculate_checks", {})
+    checks = CHECKS.setdefault(model, {})
     seen = checks.get(tag)
     if seen is None or seen[0] != key:
         seen = checks[tag] = (key, probe())

@@ -69,14 +69,14 @@ def test_early_exit_is_first_layers_norm_and_head(make_llama):
 def test_early_exit_copies_are_checked_on_their_own(make_llama):
     """The shallow copy does not carry the target's remembered checks (a verdict on the whole model),
     and what is remembered for the copy does not land on the target."""
-    from speculate.domains.text.kv_cache import remembered
+    from speculate.domains.text.kv_cache import CHECKS, remembered
 
     target = make_llama(layers=3, dtype=torch.float64)
     remembered(target, "probe-test", lambda: "the target's verdict")
     ee = early_exit_model(target, 2)
     assert remembered(ee, "probe-test", lambda: None) is None  # probed again, not the target's verdict
     remembered(ee, "copy-only", lambda: "the copy's verdict")
-    assert "copy-only" not in target.__dict__["_speculate_checks"]
+    assert "copy-only" not in CHECKS[target]
 
 
 def test_early_exit_on_gpt2():

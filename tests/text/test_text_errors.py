@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
-from speculate.domains.text.kv_cache import check_model
+from speculate.domains.text.kv_cache import CHECKS, check_model
 from transformers import GPT2Config, GPT2LMHeadModel
 
 
@@ -78,12 +78,12 @@ def test_a_failed_cache_check_is_not_remembered_across_settings(make_llama):
     mode is checked on every call and never stored."""
     m = make_llama()
     check_model(m)
-    key = m.__dict__["_speculate_checks"]["cache"][0]
+    key = CHECKS[m]["cache"][0]
     assert torch.float32 in key and torch.device("cpu") in key and "sdpa" in key
     m.train()
     with pytest.raises(ValueError, match="training mode"):
         check_model(m)
-    assert m.__dict__["_speculate_checks"]["cache"][0] == key  # nothing stored for the training mode
+    assert CHECKS[m]["cache"][0] == key  # nothing stored for the training mode
     check_model(m.eval())
 
 
