@@ -83,8 +83,10 @@ def test_the_tensor_rules_on_cuda_give_the_numba_kernels_outcomes(dtype):
         assert bool(ok.all())
     p, q, drafts, lengths, ua, un = _multi_batch(seed=24, m=2, K=4)
     want = verify_multi(p, q, drafts, lengths, ua, un)
-    got = multi_device(*(torch.as_tensor(a, device=dev) for a in (p, q, drafts, lengths, ua, un)))
-    assert all(np.array_equal(g.cpu().numpy(), w) for g, w in zip(got[:3], want, strict=True))
+    pt, qt = (torch.as_tensor(a, device=dev).to(dtype) for a in (p, q))
+    got = multi_device(pt, qt, *(torch.as_tensor(a, device=dev) for a in (drafts, lengths, ua, un)))
+    if dtype == torch.float64:
+        assert all(np.array_equal(g.cpu().numpy(), w) for g, w in zip(got[:3], want, strict=True))
     assert bool(got[3].all())
 
 
