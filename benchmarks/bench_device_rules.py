@@ -21,20 +21,24 @@ import time
 from pathlib import Path
 
 import torch
-from report import ROOT, describe, machine, write
+from report import ROOT, alternating, describe, machine, short_rev, versions_line, write
 
 import speculate.verify.device as after_mod
 
 
 def _before(rev: str):
+    """``rev``'s device.py as a module, its relative imports made absolute: the rules are the
+    earlier revision's, the helpers they import (the inverse-CDF tables, the round checks) this
+    tree's."""
     src = subprocess.run(["git", "show", f"{rev}:speculate/verify/device.py"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp()) / "device_before.py"
-    path.write_text(src.replace("from .._inverse_cdf", "from speculate._inverse_cdf")
-                    .replace("from .one_round", "from speculate.verify.one_round"))
-    spec = importlib.util.spec_from_file_location("device_before", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "device_before.py"
+        path.write_text(src.replace("from .._inverse_cdf", "from speculate._inverse_cdf")
+                        .replace("from .one_round", "from speculate.verify.one_round"))
+        spec = importlib.util.spec_from_file_location("device_before", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
     return mod
 
 
@@ -76,18 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     rules = {"token_device": chain, "block_device": chain, "multi_device": multi}
     times: dict[str, dict[str, list[float]]] = {r: {"before": [], "after": []} for r in rules}
-    for r in range(args.rounds):
-        for v in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            mod = before if v == "before" else after_mod
-            for rule, a in rules.items():
-                if hasattr(mod, rule):
-                    times[rule][v].append(_time(getattr(mod, rule), a, args.repeat, sync))
+    for _, v in alternating(args.rounds):
+        mod = before if v == "before" else after_mod
+        for rule, a in rules.items():
+            if hasattr(mod, rule):
+                times[rule][v].append(_time(getattr(mod, rule), a, args.repeat, sync))
     med = {r: {v: statistics.median(x) for v, x in t.items() if x} for r, t in times.items()}
-    rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    rev = short_rev(args.before)
     lines = ["# Tensor verification rules: two versions, alternately", "",
              f"Command: `{env['command']}` on {describe(env)}.",
-             f"Before: {rev}; after: the working tree at {env['git_commit']}. Shape B={B}, m={m}, K={K}, V={V}, "
+             f"{versions_line(rev, env)} Shape B={B}, m={m}, K={K}, V={V}, "
              f"float32 probabilities; best of {args.repeat} calls, median over {args.rounds} alternations.", "",
              "| rule | before (ms) | after (ms) | after / before |", "|---|---|---|---|"]
     for rule, d in med.items():

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from report import ROOT, describe, machine, worktree, write
+from report import ROOT, alternating, describe, machine, short_rev, versions_line, worktree, write
 
 TEXT_ARGS = "--lookahead 4 --sweep 0 --repeats 2"
 
@@ -66,19 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="versions", help="the results' file name (benchmarks/results/NAME.*)")
     args = ap.parse_args(argv)
     env = machine()
-    rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
+    rev = short_rev(args.before)
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp, worktree(rev) as before:
         roots = {"before": before, "after": ROOT}
-        for r in range(args.rounds):
-            order = ("before", "after") if r % 2 == 0 else ("after", "before")
-            for v in order:
-                out = Path(tmp) / f"{v}{r}"
-                rec = _chain(_run(roots[v], "bench_chain_overhead.py", "", out, "chain_overhead"))
-                rec |= _text(_run(roots[v], "text/bench_generate.py", args.text_args, out, "text_generate"))
-                runs[v].append(rec)
-                print(f"round {r} {v}: " + ", ".join(f"{k} {x:.4g}" for k, x in rec.items()), flush=True)
+        for r, v in alternating(args.rounds):
+            out = Path(tmp) / f"{v}{r}"
+            rec = _chain(_run(roots[v], "bench_chain_overhead.py", "", out, "chain_overhead"))
+            rec |= _text(_run(roots[v], "text/bench_generate.py", args.text_args, out, "text_generate"))
+            runs[v].append(rec)
+            print(f"round {r} {v}: " + ", ".join(f"{k} {x:.4g}" for k, x in rec.items()), flush=True)
     keys = list(runs["after"][0])
     med = {v: {k: statistics.median(x[k] for x in runs[v]) for k in keys} for v in runs}
     ratio = {k: med["after"][k] / med["before"][k] for k in keys}
@@ -89,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "# Two versions on the same benchmarks, run alternately",
         "",
         f"Command: `{env['command']}` on {describe(env)}.",
-        f"Before: {rev}; after: the working tree at {env['git_commit']}. Each version ran its own",
+        f"{versions_line(rev, env)} Each version ran its own",
         f"`bench_chain_overhead.py` and `text/bench_generate.py {args.text_args}`, {args.rounds} times,",
         "in the order before, after, after, before, ... Medians over the runs; the ratio is after / before",
         "(overhead and step times: below 1 is faster; speedups and tokens/s: above 1 is faster).",

@@ -98,6 +98,26 @@ def worktree(rev: str) -> Iterator[Path]:
             subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
 
 
+def short_rev(rev: str) -> str:
+    """The short hash of a git revision (any name git understands)."""
+    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def alternating(rounds: int) -> Iterator[tuple[int, str]]:
+    """``(round, version)`` of an A/B run in the order before, after, after, before, ... (each
+    version first in every other round, so a drift of the machine's speed falls on both)."""
+    for r in range(rounds):
+        for v in ("before", "after") if r % 2 == 0 else ("after", "before"):
+            yield r, v
+
+
+def versions_line(rev: str, env: dict[str, Any]) -> str:
+    """The A/B report's line naming the two versions (``env``: :func:`machine`'s record)."""
+    dirty = " (with uncommitted changes)" if env.get("git_dirty") else ""
+    return f"Before: {rev}; after: the working tree at {env['git_commit']}{dirty}."
+
+
 def short_error(err: str, n: int = 400) -> str:
     """An error message on one line, cut to ``n`` characters (for a Markdown table or note)."""
     err = " ".join(err.split())

@@ -86,32 +86,29 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--before REV is required")
     if args.rounds < 1 or any(b < 1 for b in args.batch):
         ap.error("--rounds and --batch must be >= 1")
-    from report import describe, machine, worktree, write
+    from report import alternating, describe, machine, short_rev, versions_line, worktree, write
 
     env = machine()
-    rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    rev = short_rev(args.before)
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     cmd = [sys.executable, __file__, "--worker", "--batch", *map(str, args.batch), "--prompts", str(args.prompts),
            "--new-tokens", str(args.new_tokens), "--pair", args.pair]
     with worktree(rev) as before:
         roots = {"before": before, "after": ROOT}
-        for r in range(args.rounds):
-            for v in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                res = json.loads(subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(roots[v])},
-                                                check=True, capture_output=True, text=True).stdout)
-                if not res.pop("package").startswith(str(roots[v])):
-                    raise RuntimeError(f"the {v} run imported another tree's speculate package")
-                runs[v].append(res)
-                print(f"round {r} {v}: " + "; ".join(
-                    f"{b} {m} {x['draft_us_per_round']:.0f} us" for b, ms in res.items() for m, x in ms.items()),
-                    flush=True)
+        for r, v in alternating(args.rounds):
+            res = json.loads(subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(roots[v])},
+                                            check=True, capture_output=True, text=True).stdout)
+            if not res.pop("package").startswith(str(roots[v])):
+                raise RuntimeError(f"the {v} run imported another tree's speculate package")
+            runs[v].append(res)
+            print(f"round {r} {v}: " + "; ".join(
+                f"{b} {m} {x['draft_us_per_round']:.0f} us" for b, ms in res.items() for m, x in ms.items()),
+                flush=True)
     med = {v: {b: {m: {k: statistics.median(run[b][m][k] for run in rs) for k in rs[0][b][m]}
                    for m in rs[0][b]} for b in rs[0]} for v, rs in runs.items()}
     lines = ["# Drafting time per round: two versions, alternately", "",
              f"Command: `{env['command']}` on {describe(env)}.",
-             f"Before: {rev}; after: the working tree at {env['git_commit']}. The {args.pair} pair and its drafts; "
-             f"{args.prompts} held-out prompts of "
+             f"{versions_line(rev, env)} The {args.pair} pair and its drafts; {args.prompts} held-out prompts of "
              f"128 bytes, {args.new_tokens} new tokens, temperature 1, 1 torch thread; {args.rounds} runs of each "
              "version in the order before, after, after, before, ...; medians over the runs.", "",
              "| batch | method | draft us/round before | after | after / before | target us/call before | after "
