@@ -39,8 +39,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from speculate.verify.device import upload
-
 from .distill import acceptance, divergence_loss
 from .heads import (
     check_summary,
@@ -82,12 +80,26 @@ def frozen_call(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class FeatureCache:
-    """Keys and values ``[B, n_heads, C, head_dim]`` of the draft's columns, written at slots."""
+    """Keys and values ``[B, n_heads, C, head_dim]`` of the draft's columns, written at slots.
+
+    The draft's two forms (modules; decoding, without autograd) order each head's key entries
+    differently (the same attention), so a cache holds the keys of one form (``form``) and the
+    other refuses it until :meth:`reset`."""
 
     def __init__(self, n_heads: int, head_dim: int, device: Any = "cpu", dtype: torch.dtype = torch.float32):
         self.n_heads, self.head_dim, self.device, self.dtype = n_heads, head_dim, torch.device(device), dtype
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.form: str | None = None
+
+    def claim(self, form: str) -> None:
+        """Record that ``form`` ("modules" or "decoding") writes this cache; ``ValueError`` if the other did."""
+        if self.form is not None and self.form != form:
+            raise ValueError(f"this feature cache holds keys written by the draft's {self.form} form (with"
+                             f"{'out' if self.form == 'decoding' else ''} autograd); the {form} form orders "
+                             "them differently: reset the cache, or call the draft with autograd "
+                             f"{'disabled' if self.form == 'decoding' else 'enabled'} throughout")
+        self.form = form
 
     @property
     def capacity(self) -> int:
@@ -98,9 +110,11 @@ class FeatureCache:
         shape = (batch, self.n_heads, capacity, self.head_dim)
         self.keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.values = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.form = None
 
     def release(self) -> None:
         self.keys = self.values = None
+        self.form = None
 
     def ensure_capacity(self, n: int) -> None:
         """Grow the buffers (zeros appended) to at least ``n`` slots."""
@@ -125,9 +139,8 @@ class Dense(torch.nn.Module):
     """A linear layer that keeps its weight as ``weight_t`` ``[in, out]``: ``x @ weight_t + bias``.
 
     At draft sizes on a CPU a product with a contiguous right factor is faster than ``F.linear``'s
-    with the transposed ``[out, in]`` weight: 0.63-0.76 of its time warm, 0.84-0.88 cold; reverting
-    to ``F.linear`` costs 3.7% more drafting time per EAGLE round in the decoding loop (one run:
-    ``benchmarks/results/draft_ops.md``).
+    with the transposed ``[out, in]`` weight (0.63-0.76 of its time warm, 0.84-0.88 cold, measured
+    by a benchmark since retired); the decoding form (``feature_decode``) folds these matrices.
     Initialised as ``torch.nn.Linear`` (the same random draws); ``weight`` is the ``[out, in]`` view;
     checkpoints saved with ``weight`` load too.
     """
@@ -159,27 +172,6 @@ def _lin(x: torch.Tensor, m: Dense) -> torch.Tensor:
     y = torch.matmul(x, p["weight_t"])
     b = p["bias"]
     return y if b is None else y + b
-
-
-def _rms(x: torch.Tensor, m: torch.nn.RMSNorm) -> torch.Tensor:
-    """``m(x)`` without the module-call overhead. Drafting on a CPU (no autograd) takes the layer
-    norm of ``[x, -x]`` (mean 0, variance ``mean(x ** 2)``: the same numbers up to rounding), cut to
-    its first half and scaled: four small ops where ``F.rms_norm`` runs about ten kernels there.
-    Timed alone it is no faster (1.03-1.07 of ``F.rms_norm``'s time), but in the decoding loop, a
-    step right after the target's forward, reverting to ``F.rms_norm`` costs 4.1% more drafting time
-    per EAGLE round (one run: ``benchmarks/results/draft_ops.md``; why the two differ is not pinned
-    down)."""
-    if x.device.type != "cpu" or torch.is_grad_enabled():
-        return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
-    H = x.shape[-1]
-    return F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * H,), None, None, m.eps)[..., :H] * m._parameters["weight"]
-
-
-def _one_run(s: torch.Tensor | np.ndarray, s0: int) -> bool:
-    """Whether the slots ``s`` ``[R, W]`` are ``s0, s0 + 1, ..., s0 + W - 1`` in every row."""
-    if isinstance(s, np.ndarray):
-        return bool((s == s0 + np.arange(s.shape[1])).all())
-    return bool((s == s0 + torch.arange(s.shape[1], device=s.device)).all())
 
 
 def _pick(t: torch.Tensor, keep: torch.Tensor | np.ndarray, dim: int) -> torch.Tensor:
@@ -232,24 +224,8 @@ class FeatureDraft(torch.nn.Module):
     def rope(self, positions: torch.Tensor | np.ndarray, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin ``[R, W, 1, 1, head_dim]`` of rotate-half RoPE at ``positions`` ``[R, W]``
         (the sine's first half negated: ``rotate_half(x) * sin == x.roll(d / 2) * signed_sin``, the same
-        numbers), on the draft's device. Without autograd (drafting) they are read from a table by
-        position, computed once per device and dtype with the same formula; positions on the host (a
-        NumPy array: what drafting passes) size the table without a device sync."""
-        dev = self.fc._parameters["weight_t"].device
-        if torch.is_grad_enabled():
-            return self._rope(torch.as_tensor(positions, device=dev), dtype)
-        n = int(positions.max()) + 1
-        key = (dev, dtype)
-        tab = self.__dict__.get("_rope_table")
-        if tab is None or tab[0] != key or tab[1].shape[0] < n:
-            m = max(n, 2 * (tab[1].shape[0] if tab is not None and tab[0] == key else 0), 256)
-            cos, sin = self._rope(torch.arange(m, device=dev)[None], dtype)  # [1, m, 1, 1, d]
-            tab = (key, cos[0], sin[0])
-            self.__dict__["_rope_table"] = tab
-        idx = upload(positions, dev) if isinstance(positions, np.ndarray) else positions.to(dev)
-        return tab[1][idx], tab[2][idx]
-
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        numbers), on the draft's device."""
+        positions = torch.as_tensor(positions, device=self.fc._parameters["weight_t"].device)
         ft = torch.float64 if dtype == torch.float64 else torch.float32
         d = self.head_dim
         inv = self.config["rope_theta"] ** (-torch.arange(0, d, 2, device=positions.device, dtype=ft) / d)
@@ -278,33 +254,20 @@ class FeatureDraft(torch.nn.Module):
         else:
             if slots is None:
                 raise ValueError("with a cache, pass slots [R, W] (and visible [R, W, C'], or None: causal)")
-            # slots on the host (a NumPy array: what drafting passes) are read without a device sync
-            s = slots if isinstance(slots, np.ndarray) else slots.to(x.device)
+            if cache.form != "modules":
+                cache.claim("modules")
+            s = torch.as_tensor(slots, device=x.device)
             top = int(s.max()) + 1
             cache.ensure_capacity(max(top, 0 if visible is None else visible.shape[-1]))
-            s0 = int(s[0, 0])
-            if visible is None and (R == W == 1 or _one_run(s, s0)):  # every row's columns at slots s0 .. s0 + W - 1
-                cache.keys[:, :, s0 : s0 + W] = k.to(cache.dtype)
-                cache.values[:, :, s0 : s0 + W] = v.to(cache.dtype)
-                mask = None  # one column per row, or only each row's last one queries: every slot < top
-                last = keep is None or (isinstance(keep, np.ndarray) and bool((keep == W - 1).all()))
-                if W > 1 and (keep is None or not last):  # column j (slot s0 + j) sees the slots <= s0 + j
-                    mask = torch.ones(W, top, dtype=torch.bool, device=x.device).tril(s0)  # [W, top]
-                if keep is not None:
-                    q = _pick(q, keep, 2)  # [R, nh, 1, d]
-                    if mask is not None:
-                        mask = _pick(mask.expand(R, W, top), keep, 1)[:, None]  # [R, 1, 1, top]
-            else:
-                s = torch.as_tensor(s, device=x.device)
-                rows = torch.arange(R, device=x.device)[:, None].expand(R, W)  # [R, W]
-                cache.keys[rows, :, s] = k.transpose(1, 2).to(cache.dtype)  # [R, W, nh, d]
-                cache.values[rows, :, s] = v.transpose(1, 2).to(cache.dtype)
-                if visible is None:  # causal: each column sees the slots up to its own
-                    visible = torch.arange(top, device=x.device)[None, None, :] <= s[:, :, None]
-                mask = visible.to(device=x.device, dtype=torch.bool)[:, None]  # [R, 1, W, C]
-                if keep is not None:
-                    q, mask = _pick(q, keep, 2), _pick(mask, keep, 2)  # [R, nh, 1, d], [R, 1, 1, C]
-            C = top if mask is None else mask.shape[-1]
+            rows = torch.arange(R, device=x.device)[:, None].expand(R, W)  # [R, W]
+            cache.keys[rows, :, s] = k.transpose(1, 2).to(cache.dtype)  # [R, W, nh, d]
+            cache.values[rows, :, s] = v.transpose(1, 2).to(cache.dtype)
+            if visible is None:  # causal: each column sees the slots up to its own
+                visible = torch.arange(top, device=x.device)[None, None, :] <= s[:, :, None]
+            mask = visible.to(device=x.device, dtype=torch.bool)[:, None]  # [R, 1, W, C]
+            if keep is not None:
+                q, mask = _pick(q, keep, 2), _pick(mask, keep, 2)  # [R, nh, 1, d], [R, 1, 1, C]
+            C = mask.shape[-1]
             y = F.scaled_dot_product_attention(q, cache.keys[:, :, :C], cache.values[:, :, :C],
                                                attn_mask=mask)  # [R, nh, W or 1, d]
         return _lin(y.transpose(1, 2).reshape(R, y.shape[2], H), self.proj)
@@ -323,17 +286,31 @@ class FeatureDraft(torch.nn.Module):
         array on the host): return only column ``keep[r]`` of each row (``[R, 1, H]``, ``[R, 1, V]``;
         every column still writes its key and value), sparing the rest of the layer and the output
         embedding on columns nobody reads.
+
+        With a cache and without autograd (drafting) the layer runs its decoding form, the same
+        function from folded weights (:mod:`~speculate.domains.text.feature_decode`).
         """
+        if cache is not None and not torch.is_grad_enabled():
+            return self.folded()(features, tokens, positions, cache, slots, visible, keep)
         embed, lm_head = self._shared
         w = self.fc._parameters["weight_t"]
         e = frozen_call(embed, tokens.to(w.device)).to(w.dtype)  # [R, W, H]
         x = _lin(torch.cat([features.to(w.dtype), e], dim=-1), self.fc)  # [R, W, H]
-        a = self.attention(_rms(x, self.attn_norm), positions, cache, slots, visible, keep)
+        a = self.attention(self.attn_norm(x), positions, cache, slots, visible, keep)
         x = (x if keep is None else _pick(x, keep, 1)) + a  # [R, W or 1, H]
-        gu = _lin(_rms(x, self.mlp_norm), self.gate_up)  # [R, W, 2I]: gate, then up
+        gu = _lin(self.mlp_norm(x), self.gate_up)  # [R, W, 2I]: gate, then up
         half = gu.shape[-1] // 2
         x = x + _lin(F.silu(gu[..., :half]) * gu[..., half:], self.down)  # [R, W, H]
         return x, frozen_call(lm_head, x.to(lm_head.weight.dtype))
+
+    def folded(self) -> Any:
+        """The decoding form (a ``feature_decode.FoldedLayer``), rebuilt when a parameter changed."""
+        from .feature_decode import FoldedLayer, weights_key  # it imports this module
+
+        f = self.__dict__.get("_folded")
+        if f is None or f.key != weights_key(self):
+            f = self.__dict__["_folded"] = FoldedLayer(self)
+        return f
 
     @classmethod
     def for_target(cls, target: torch.nn.Module, n_heads: int | None = None,

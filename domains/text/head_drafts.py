@@ -197,6 +197,7 @@ class EagleDraft(_FeatureReader):
         draft.check_target(target)
         super().__init__(target, tree, None, "feature draft")  # autoregressive: any depth
         self.fd = draft
+        self.layer: Any = draft  # what drafting calls: the draft's decoding form (see propose)
         self.cache = draft.new_cache()
         self.fbuf: torch.Tensor | None = None  # [B, C, H]: the target's features by position
         self.flen = np.zeros(0, np.int64)  # features known per row (positions 0 .. flen - 1)
@@ -237,6 +238,12 @@ class EagleDraft(_FeatureReader):
     def _ready(self) -> np.ndarray:
         return self.flen > 0
 
+    def propose(self, *args: Any, **kwargs: Any) -> Drafted | DraftedTree:
+        # without autograd the draft would run its decoding form anyway: call it directly (its
+        # weights checked once per round, not at every column)
+        self.layer = self.fd if torch.is_grad_enabled() else self.fd.folded()
+        return super().propose(*args, **kwargs)
+
     def _root(self, rows: np.ndarray, tokens: TokenBuffer) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed each row's pending columns (true features; committed from now on) and return the
         last one's output: the predicted feature at the root ``[R, H]`` and its logits ``[R, V]``
@@ -249,11 +256,14 @@ class EagleDraft(_FeatureReader):
         W = max(int(P.max()), 1)
         pos = self.clen[:, None] + np.arange(W)[None, :]  # [R, W] positions = slots
         known = np.minimum(pos, np.maximum(n - 1, 0)[:, None])
-        feats = self.fbuf[rt[:, None], torch.as_tensor(known, device=dev)]  # [R, W, H]
+        if R == 1:  # one run of positions: a slice
+            feats = self.fbuf.narrow(1, int(known[0, 0]), W)  # [1, W, H]
+        else:
+            feats = self.fbuf[rt[:, None], torch.as_tensor(known, device=dev)]  # [R, W, H]
         nxt = tokens.ids[rows[:, None], np.minimum(pos + 1, tokens.ids.shape[1] - 1)]  # [R, W]
         last = np.maximum(P - 1, 0)  # on the host: a slice where every row's last column is the block's
-        h, lg = self.fd(feats, torch.as_tensor(nxt, device=dev), pos, self.cache, pos,
-                        keep=last)  # causal over the slots; the outputs of each row's last column
+        h, lg = self.layer(feats, torch.as_tensor(nxt, device=dev), pos, self.cache, pos,
+                           keep=last)  # causal over the slots; the outputs of each row's last column
         self.clen = n.copy()
         return h[:, 0], lg[:, 0]
 
@@ -276,8 +286,8 @@ class EagleDraft(_FeatureReader):
             _draw_depth(lg, tr, rng, out, q, d)
             if d + 1 < steps:  # node d + 1: (the feature predicted at node d, draft d)
                 slot = slot + 1
-                hh, ll = self.fd(h[:, None], torch.as_tensor(out[:, d : d + 1], device=dev), slot, self.cache,
-                                 slot)  # position = slot: sees every slot up to its own
+                hh, ll = self.layer(h[:, None], torch.as_tensor(out[:, d : d + 1], device=dev), slot, self.cache,
+                                    slot)  # position = slot: sees every slot up to its own
                 h, lg = hh[:, 0], ll[:, 0]
         return Drafted(out, q, lengths, None)
 
@@ -314,8 +324,8 @@ class EagleDraft(_FeatureReader):
                 cur = np.where(up, parent[rr[:, None], cur], 0)
             r_, m_ = np.nonzero(~on)
             visible[r_, m_, C - 1] = True  # unused columns see only their own spare slot
-            h, lg = self.fd(f_in, torch.as_tensor(toks[rr[:, None], v], device=dev), pos, self.cache, slots,
-                            torch.as_tensor(visible, device=dev))
+            h, lg = self.layer(f_in, torch.as_tensor(toks[rr[:, None], v], device=dev), pos, self.cache, slots,
+                               torch.as_tensor(visible, device=dev))
             r_, m_ = np.nonzero(on)
             hid[0][torch.as_tensor(r_, device=dev), torch.as_tensor(v[r_, m_], device=dev)] = h[
                 torch.as_tensor(r_, device=dev), torch.as_tensor(m_, device=dev)]

@@ -133,23 +133,34 @@ def setup(seed: int = 0):
     return draft, feats, tokens, pos
 
 
-def test_cache_column_by_column_equals_causal_forward():
+FORMS = ["modules", "decoding"]  # with autograd the draft runs its modules; without, the folded decoding form
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_cache_column_by_column_equals_causal_forward(form):
     draft, feats, tokens, pos = setup()
     full, _ = draft(feats, tokens, pos)  # [2, 8, H]
     cache = draft.new_cache(batch=2, capacity=3)  # grows as columns arrive
-    for j in range(8):
-        visible = torch.ones(2, 1, j + 1, dtype=torch.bool)
-        hid, _ = draft(feats[:, j:j + 1], tokens[:, j:j + 1], pos[:, j:j + 1], cache, pos[:, j:j + 1], visible)
-        torch.testing.assert_close(hid[:, 0], full[:, j], atol=1e-5, rtol=0)
+    one = draft.new_cache(batch=1, capacity=3)  # row 1 alone, causal (visible=None)
+    with torch.set_grad_enabled(form == "modules"):
+        for j in range(8):
+            visible = torch.ones(2, 1, j + 1, dtype=torch.bool)
+            hid, _ = draft(feats[:, j:j + 1], tokens[:, j:j + 1], pos[:, j:j + 1], cache, pos[:, j:j + 1], visible)
+            torch.testing.assert_close(hid[:, 0], full[:, j], atol=1e-10, rtol=0)
+            s = np.array([[j]])
+            hid, _ = draft(feats[1:, j:j + 1], tokens[1:, j:j + 1], s, one, s)
+            torch.testing.assert_close(hid[0, 0], full[1, j], atol=1e-10, rtol=0)
+    assert cache.form == one.form == form
     cache.select(torch.tensor([1]).numpy())  # keep row 1 only
     assert cache.keys.shape[0] == 1
     cache.release()
     assert cache.keys is None
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("keep", ["last, host", "mixed, host", "mixed, tensor"])
 @pytest.mark.parametrize("slots", ["one run", "per row"])
-def test_keep_returns_those_columns_of_the_full_block(keep, slots):
+def test_keep_returns_those_columns_of_the_full_block(keep, slots, form):
     """``keep``: each row's chosen column of what the whole block gives (only that column queries and
     runs the MLP and head), and every column's key and value still lands in the cache."""
     draft, feats, tokens, pos = setup(2)
@@ -161,12 +172,14 @@ def test_keep_returns_those_columns_of_the_full_block(keep, slots):
     out = []
     for k in (None, keep_at):
         cache = draft.new_cache(batch=2, capacity=16)
-        draft(feats[:, :prefix], tokens[:, :prefix], pos[:, :prefix], cache, pos[:, :prefix].numpy())
+        with torch.set_grad_enabled(form == "modules"):
+            draft(feats[:, :prefix], tokens[:, :prefix], pos[:, :prefix], cache, pos[:, :prefix].numpy())
         s = start[:, None] + np.arange(W)[None, :]  # [2, W] slots = positions
         cols = s - start[:, None] + prefix  # the block's columns of feats
         f = torch.stack([feats[r, cols[r] % 8] for r in range(2)])
         t = torch.stack([tokens[r, cols[r] % 8] for r in range(2)])
-        out.append((draft(f, t, torch.as_tensor(s), cache, s, keep=k), cache.keys.clone(), cache.values.clone()))
+        with torch.set_grad_enabled(form == "modules"):
+            out.append((draft(f, t, torch.as_tensor(s), cache, s, keep=k), cache.keys.clone(), cache.values.clone()))
     (hid, logits), keys, values = out[0]
     (hid_k, logits_k), keys_k, values_k = out[1]
     idx = torch.as_tensor(keep_at)
@@ -176,16 +189,24 @@ def test_keep_returns_those_columns_of_the_full_block(keep, slots):
     assert torch.equal(keys_k, keys) and torch.equal(values_k, values)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_drafting_form_equals_the_training_form(dtype):
-    """Without autograd on a CPU the layer runs its drafting form (each RMSNorm as one layer norm of
-    ``[x, -x]``); with autograd the plain one. Both give the same numbers, with and without a cache."""
+@pytest.mark.parametrize("table", [True, False], ids=["token table", "no token table"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_drafting_form_equals_the_training_form(dtype, table, monkeypatch):
+    """With a cache and without autograd the layer runs its decoding form (folded weights, complex
+    RoPE, norms as ``x / hypot(|x|, sqrt(H eps))``); with autograd the modules. Both give the same
+    numbers, with and without a cache."""
+    from speculate.domains.text import feature_decode
+
+    if not table:  # a vocabulary too large for the token table
+        monkeypatch.setattr(feature_decode, "TOKEN_TABLE_MAX", 0)
     target = llama(dtype=dtype)
     draft = scrambled(FeatureDraft.for_target(target), 3)
+    assert (draft.folded().table is not None) == table
     g = torch.Generator().manual_seed(3)
     feats = 2 * torch.randn(2, 6, 32, generator=g, dtype=dtype)
     tokens, pos = torch.randint(0, 64, (2, 6), generator=g), torch.arange(6).expand(2, 6)
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=0)
+    tol = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-12, rtol=0),
+           torch.bfloat16: dict(atol=0.1, rtol=0.05)}[dtype]
     for cached in (False, True):
         out = []
         for grad in (True, False):
@@ -195,6 +216,49 @@ def test_drafting_form_equals_the_training_form(dtype):
             out.append((h.detach(), lg.detach()))
         torch.testing.assert_close(out[1][0], out[0][0], **tol)
         torch.testing.assert_close(out[1][1], out[0][1], **tol)
+
+
+@torch.no_grad()
+def test_decoding_form_follows_the_weights():
+    """The folded weights are rebuilt after an in-place change of a parameter (the draft's, or the
+    target's token embedding), ``load_state_dict`` and ``.to(dtype)``: the decoding form always
+    agrees with the modules."""
+    draft, feats, tokens, pos = setup(5)
+    other = scrambled(FeatureDraft.for_target(llama(dtype=torch.float64)), 6)
+    p = pos[:, :4].numpy()
+
+    def check(d=draft, dtype=torch.float64):
+        got = d(feats[:, :4].to(dtype), tokens[:, :4], p, d.new_cache(2, 4), p)[1]
+        with torch.enable_grad():
+            want = d(feats[:, :4].to(dtype), tokens[:, :4], p, d.new_cache(2, 4), p)[1]
+        torch.testing.assert_close(got, want.detach(), atol=1e-10 if dtype == torch.float64 else 1e-4, rtol=0)
+        return got
+
+    before = check()
+    draft.gate_up.weight_t.mul_(1.5)
+    assert not torch.allclose(check(), before)
+    draft.load_state_dict(other.state_dict())
+    check()
+    draft.attn_norm.weight.add_(0.25)
+    check()
+    draft._shared[0].weight.add_(0.5)  # the target's token embedding (the token table)
+    check()
+    check(draft.to(torch.float32), torch.float32)
+
+
+def test_a_feature_cache_serves_one_form():
+    """A cache written by one form is refused by the other (they order key entries differently)."""
+    draft, feats, tokens, pos = setup(7)
+    p = pos[:, :3].numpy()
+    cache = draft.new_cache(2, 8)
+    with torch.no_grad():
+        draft(feats[:, :3], tokens[:, :3], p, cache, p)
+    with pytest.raises(ValueError, match="decoding form"):
+        draft(feats[:, 3:4], tokens[:, 3:4], p[:, :1] + 3, cache, p[:, :1] + 3)
+    cache.reset(2, 8)
+    draft(feats[:, :3], tokens[:, :3], p, cache, p)
+    with torch.no_grad(), pytest.raises(ValueError, match="modules form"):
+        draft(feats[:, 3:4], tokens[:, 3:4], p[:, :1] + 3, cache, p[:, :1] + 3)
 
 
 def test_feature_draft_saved_with_linear_weights_loads(tmp_path):
@@ -218,7 +282,13 @@ def test_feature_draft_saved_with_linear_weights_loads(tmp_path):
         torch.testing.assert_close(loaded(feats, tokens, pos)[1], draft(feats, tokens, pos)[1])
 
 
-def test_tree_siblings_and_move():
+@pytest.mark.parametrize("form", FORMS)
+def test_tree_siblings_and_move(form):
+    with torch.set_grad_enabled(form == "modules"):
+        _tree_siblings_and_move()
+
+
+def _tree_siblings_and_move():
     draft, feats, tokens, pos = setup(1)
     P = 5
     cache = draft.new_cache(batch=2, capacity=P + 3)
