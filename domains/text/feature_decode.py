@@ -50,7 +50,7 @@ def _unit(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return x / torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), c)
 
 
-def output_weight_dtype(draft: FeatureDraft) -> torch.dtype:
+def _head_dtype(draft: FeatureDraft) -> torch.dtype:
     """The dtype of the target's output embedding (what the draft's feature is cast to before it)."""
     return draft._shared[1].weight.dtype
 
@@ -97,7 +97,7 @@ class FoldedLayer:
             self.w_down = draft.down.weight_t.detach()  # [I, H]
         self.I = self.w_down.shape[0]
         self.dt, self.dev = dt, w.device
-        self.head_dt = output_weight_dtype(draft)
+        self.head_dt = _head_dtype(draft)
         self.c = torch.tensor(math.sqrt(H * self.eps), device=w.device, dtype=dt)  # [] (hypot's other side)
         self.ct = torch.float64 if dt == torch.float64 else torch.float32  # RoPE's real dtype (complex: 2x)
         self.rope = torch.zeros(0, dtype=torch.complex128 if dt == torch.float64 else torch.complex64)  # [P, 1, d/2]

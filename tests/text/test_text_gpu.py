@@ -120,3 +120,34 @@ def test_chains_are_verified_on_the_device(make_llama, verify):
         [[1, 2, 3], [4, 5]], **kw)
     assert set(dev.stats.routes) == {f"{verify}-device"} and set(host.stats.routes) == {verify}
     assert dev.new_tokens == host.new_tokens
+
+
+def _feature_draft_on(device: str, dtype: torch.dtype) -> None:
+    """A feature draft's decoding form (drafting: a cache, no autograd) against its modules on
+    ``device`` in ``dtype``, and greedy EAGLE decoding against the target's own greedy output."""
+    import numpy as np
+    from speculate.domains.text.conformance import tiny_llama
+    from speculate.domains.text.feature_draft import FeatureDraft
+
+    target = tiny_llama(vocab=64, hidden=32, layers=2, dtype=dtype).to(device)
+    draft = FeatureDraft.for_target(target)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.copy_((0.3 * torch.randn(p.shape, generator=g)).to(p.dtype))
+    feats = torch.randn(2, 6, 32, generator=g).to(device, dtype)
+    tokens, pos = torch.randint(0, 64, (2, 6), generator=g).to(device), np.arange(6)[None].repeat(2, 0)
+    with torch.no_grad():
+        fast = draft(feats, tokens, pos, draft.new_cache(2, 8), pos)[1]
+    slow = draft(feats, tokens, pos, draft.new_cache(2, 8), pos)[1].detach()
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    torch.testing.assert_close(fast.float(), slow.float(), **tol)
+    if dtype == torch.float32:
+        gen = SpeculativeGenerator(target, draft, lookahead=3)
+        out = gen.generate([1, 5, 7], max_new_tokens=20, temperature=0, eos_token_id=[])
+        assert out.new_tokens[0] == _hf_greedy(target, [1, 5, 7], 20)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_feature_draft_decoding_form_on_cuda(dtype):
+    _feature_draft_on("cuda", dtype)
