@@ -13,11 +13,16 @@ Shapes (what ``SpeculativeGenerator(..., tree=...)`` takes, :func:`as_tree_spec`
 - :class:`StaticTree`: the same shape every round: a branching list (``[4, 2, 1]``: 4 children
   of the root, 2 under each, 1 under each of those) or any parent array / ``speculate.verify.Tree``;
 - :class:`DynamicTree` (``"dynamic"``): EAGLE-2-style, confidence-driven. Each level has ``width``
-  nodes; the node ``v`` of the frontier gets its ``j``-th child when ``s(v) * q_v[j]`` (the draft
-  probability of the path to ``v`` times ``q_v``'s ``j``-th largest value) is among the level's
-  ``width`` largest. The count of a node's children is decided before they are drawn and from
-  what was drawn before them only, which keeps verification exact (proofs/11, "shapes chosen
-  while drafting"); re-ranking nodes after they are drawn (EAGLE-2's last step) would not.
+  nodes; the node ``v`` of the frontier gets its ``j``-th child when ``s(v) * q_v[j]`` (``v``'s
+  value times ``q_v``'s ``j``-th largest value) is among the level's ``width`` largest, and that
+  product is the child's value (the root's is 1). EAGLE-2 ranks by the draft probability of the
+  drawn path, right for top-k drafting; here children are sampled, and a child drawn with low
+  probability is still accepted with probability about ``min(1, p / q)``, so its value is the
+  one that chose it: ranking by the drawn tokens' probabilities cut sampled paths short and
+  kept fewer tokens per call than a chain with the feature draft. The count of a node's children
+  is decided before they are drawn and from what was drawn before them only, which keeps
+  verification exact (proofs/11, "shapes chosen while drafting"); re-ranking nodes after they are
+  drawn (EAGLE-2's last step) would not.
 
 >>> spec = as_tree_spec([2, 1])
 >>> spec.parent.tolist(), spec.n_nodes, spec.depth
@@ -178,7 +183,7 @@ def grow_tree(spec: StaticTree | DynamicTree,
     valid = np.zeros((R, N1), bool)
     valid[:, 0] = True
     path = np.zeros((R, N1, max(D, 1)), np.int64)  # tokens on the path root -> node
-    score = np.ones((R, N1))  # the draft probability of the path (dynamic shapes)
+    score = np.ones((R, N1))  # each node's value (dynamic shapes): the one that chose it
     q = None if greedy else np.zeros((R, N1, vocab), np.float32)
     plan = spec.plan if isinstance(spec, StaticTree) else None
     frontier = np.zeros((R, 1), np.int64)
@@ -232,7 +237,8 @@ def grow_tree(spec: StaticTree | DynamicTree,
         tokens[r, s] = cand[r, m, j]
         parent[r, s] = frontier[r, m]
         valid[r, s] = True
-        score[r, s] = score[r, f[r, m]] * pr_np[r, m, cand[r, m, j]]
+        if base is not None:  # dynamic: the value that chose the child (the j-th largest q), not its draw's
+            score[r, s] = value[r, m, j]
         path[r, s] = path[r, f[r, m]]
         path[r, s, d] = cand[r, m, j]
         if base is None:  # static: the next level's nodes

@@ -182,3 +182,24 @@ def test_trees_on_targets_that_cannot_score_one_are_refused(key, why):
     kw = dict(max_new_tokens=8, temperature=0, eos_token_id=[])
     out = SpeculativeGenerator(target, _perturbed(heads, seed=5), lookahead=2).generate([[1, 2, 3], [4, 5]], **kw)
     assert out.sequences == SpeculativeGenerator(target, "ngram").generate([[1, 2, 3], [4, 5]], **kw).sequences
+
+
+def test_a_dynamic_shape_follows_the_laws_not_the_draws():
+    """Children are sampled, so a node's value is the ``q`` value that chose it (its rank's), not
+    the probability of the token drawn (EAGLE-2's rule, for top-k drafting): with the same law at
+    every node, every draw gives the same shape, and the line of first children reaches full depth."""
+    from speculate.domains.text.processors import as_transforms
+    from speculate.domains.text.token_trees import grow_tree
+
+    law = torch.tensor([0.4, 0.3, 0.1, 0.1, 0.05, 0.05]).log()
+    spec = DynamicTree(width=3, depth=3, max_children=3)
+    tr = as_transforms(SamplingConfig(temperature=1.0))
+    shapes = set()
+    for seed in range(20):
+        _, _, valid, parent = grow_tree(spec, lambda nodes, d, parent, toks: law.expand(*nodes.shape, 6), tr, None,
+                                        np.array([0]), np.array([3]), np.array([True]),
+                                        np.random.default_rng(seed), 6)
+        shapes.add(tuple(parent[0, valid[0]].tolist()))
+    # root: 3 children (values .4, .3, .1); then (1, rank 0) .16, (1, rank 1) .12, (2, rank 0) .12;
+    # then (4, rank 0) .064, (4, rank 1) .048, (5, rank 0) .048
+    assert shapes == {(-1, 0, 0, 0, 1, 1, 2, 4, 4, 5)}
