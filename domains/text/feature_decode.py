@@ -50,18 +50,14 @@ def _unit(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return x / torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), c)
 
 
-def _head_dtype(draft: FeatureDraft) -> torch.dtype:
-    """The dtype of the target's output embedding (what the draft's feature is cast to before it)."""
-    return draft._shared[1].weight.dtype
-
-
 def _host(x: torch.Tensor | np.ndarray) -> np.ndarray:
     return x if isinstance(x, np.ndarray) else x.cpu().numpy()
 
 
 def weights_key(draft: FeatureDraft) -> tuple:
     """What identifies the draft's current weights: each parameter's storage, version and dtype (read
-    from the submodules' own tables: this runs at every drafting call)."""
+    from the submodules' own tables: this runs at every call of the decoding form through
+    ``FeatureDraft.forward``, and once per round in ``EagleDraft``)."""
     mods = (*draft._modules.values(), draft._shared[0])  # and the target's token embedding (a table reads it)
     return tuple((p.data_ptr(), p._version, p.dtype) for m in mods for p in m._parameters.values() if p is not None)
 
@@ -97,7 +93,7 @@ class FoldedLayer:
             self.w_down = draft.down.weight_t.detach()  # [I, H]
         self.I = self.w_down.shape[0]
         self.dt, self.dev = dt, w.device
-        self.head_dt = _head_dtype(draft)
+        self.head_dt = draft._shared[1].weight.dtype  # the target's output embedding's
         self.c = torch.tensor(math.sqrt(H * self.eps), device=w.device, dtype=dt)  # [] (hypot's other side)
         self.ct = torch.float64 if dt == torch.float64 else torch.float32  # RoPE's real dtype (complex: 2x)
         self.rope = torch.zeros(0, dtype=torch.complex128 if dt == torch.float64 else torch.complex64)  # [P, 1, d/2]

@@ -138,9 +138,8 @@ class FeatureCache:
 class Dense(torch.nn.Module):
     """A linear layer that keeps its weight as ``weight_t`` ``[in, out]``: ``x @ weight_t + bias``.
 
-    At draft sizes on a CPU a product with a contiguous right factor is faster than ``F.linear``'s
-    with the transposed ``[out, in]`` weight (0.63-0.76 of its time warm, 0.84-0.88 cold, measured
-    by a benchmark since retired); the decoding form (``feature_decode``) folds these matrices.
+    The decoding form (``feature_decode``) multiplies by these ``[in, out]`` matrices directly, or
+    folds them.
     Initialised as ``torch.nn.Linear`` (the same random draws); ``weight`` is the ``[out, in]`` view;
     checkpoints saved with ``weight`` load too.
     """
