@@ -201,12 +201,14 @@ def time_engine(kind: str, model, B: int, ctx: int, widths: list[int], args, syn
     prompt = torch.randint(0, V, (B, ctx), generator=g).to(dev)
     out = {}
     if kind == "transformers":  # plain decoding: the model's own forward and DynamicCache
-        cache = model.model(input_ids=prompt, use_cache=True).past_key_values  # no [B, ctx, V] logits
+        from speculate.domains.text.runtime.transformers_api import cache_kwarg, output_cache
+
+        cache = output_cache(model.model(input_ids=prompt, use_cache=True))  # no [B, ctx, V] logits
         for W in widths:
             x = torch.randint(0, V, (B, W), generator=g).to(dev)
 
             def step(x=x, W=W):
-                model(input_ids=x, past_key_values=cache, use_cache=True)
+                model(input_ids=x, use_cache=True, **{cache_kwarg(model): cache})
                 try:
                     cache.crop(-W)  # back to the prefix (a negative count works in 4.x and 5.x)
                 except Exception:  # an older Cache API: the context grows by W per call, negligibly

@@ -44,6 +44,7 @@ from make_corpus import CHARSET  # noqa: E402
 from make_corpus import load as load_corpus  # noqa: E402
 from report import RESULTS, describe, machine, write  # noqa: E402
 from speculate.domains.text import speech  # noqa: E402
+from speculate.domains.text.runtime.transformers_api import cache_kwarg, output_cache  # noqa: E402
 from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
 
 CHARS = sorted(CHARSET)  # CTC classes: 0 = blank, then these
@@ -317,13 +318,13 @@ def step_latency_ms(model, enc: torch.Tensor, is_draft: bool, n: int = 24, reps:
         for t in range(n):
             t0 = time.perf_counter()
             if is_draft:
-                out = model(input_ids=ids, encoder_outputs=(enc,), past_key_values=cache, use_cache=True)
+                out = model(input_ids=ids, encoder_outputs=(enc,), use_cache=True, **{cache_kwarg(model): cache})
             else:
-                out = model(encoder_outputs=(enc,), decoder_input_ids=ids, past_key_values=cache,
+                out = model(encoder_outputs=(enc,), decoder_input_ids=ids, **{cache_kwarg(model): cache},
                             use_cache=True)
             if t >= 8:
                 ts.append(time.perf_counter() - t0)
-            cache = out.past_key_values
+            cache = output_cache(out)
             ids = torch.tensor([[97 + t % 26]])
     ts.sort()
     return 1e3 * ts[len(ts) // 2]

@@ -52,6 +52,7 @@ from speculate.domains.text.distill import (  # noqa: E402
     sample_windows,
 )
 from speculate.domains.text.progress import progress_bar  # noqa: E402
+from speculate.domains.text.runtime.transformers_api import cache_kwarg, output_cache  # noqa: E402
 from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
 
 
@@ -301,12 +302,12 @@ def alpha_on(target, draft, ids: torch.Tensor, start: int, batch: int = 16) -> f
 def latency_ms(model, n_new: int, prefix: int = 128, reps: int = 200) -> float:
     """Median seconds x 1000 of one batch-1 forward of ``n_new`` tokens on a ``prefix`` cache."""
     ids = torch.randint(0, 256, (1, prefix), generator=torch.Generator().manual_seed(0))
-    past = model(input_ids=ids, use_cache=True).past_key_values
+    past = output_cache(model(input_ids=ids, use_cache=True))
     x = ids[:, :n_new]
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
-        model(input_ids=x, past_key_values=past, use_cache=True)
+        model(input_ids=x, use_cache=True, **{cache_kwarg(model): past})
         ts.append(time.perf_counter() - t)
         past.crop(-n_new)
     ts.sort()

@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 from report import describe, machine, relative, write  # noqa: E402
 from speculate.domains.text.corpus import load_corpus  # noqa: E402
 from speculate.domains.text.distill import divergence_loss  # noqa: E402
+from speculate.domains.text.runtime.transformers_api import cache_kwarg, output_cache  # noqa: E402
 from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "text" / "models" / "seq2seq"
@@ -351,11 +352,11 @@ def step_ms(model, n_new: int = 1, src: int = 96, prefix: int = 48, reps: int = 
     ids = torch.randint(0, 256, (1, src), generator=g)
     dec = torch.randint(0, 256, (1, prefix), generator=g)
     out = model(input_ids=ids, decoder_input_ids=dec, use_cache=True)
-    past, enc = out.past_key_values, (out.encoder_last_hidden_state,)
+    past, enc = output_cache(out), (out.encoder_last_hidden_state,)
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
-        model(encoder_outputs=enc, decoder_input_ids=dec[:, :n_new], past_key_values=past,
+        model(encoder_outputs=enc, decoder_input_ids=dec[:, :n_new], **{cache_kwarg(model): past},
               use_cache=True)
         ts.append(time.perf_counter() - t)
         past.self_attention_cache.crop(-n_new)

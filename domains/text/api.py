@@ -20,6 +20,7 @@ True
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +55,6 @@ from .kv_cache import (
     available_memory,
     cache_bytes_by_device,
     check_eval_mode,
-    check_model,
     execution_device,
     length_limits,
     model_vocab_size,
@@ -64,6 +64,8 @@ from .lean_seq2seq import LeanSeq2Seq, lean_seq2seq
 from .process import TextProcess, TokenBuffer
 from .processors import Transforms
 from .progress import progress_bar
+from .runtime.pick import pick_runtime, unwrapped
+from .runtime.transformers_cache import TransformersCacheModel
 from .settings import Settings, resolve
 from .streaming import StreamEvent, stream_events, streamer_feed
 from .strings import StopStrings, decode
@@ -174,7 +176,8 @@ class SpeculativeGenerator:
     ``"ngram"`` / ``"ngram:N"`` (prompt lookup over the last ``N`` tokens, default 3), or
     ``"early-exit:N"`` (the target's first ``N`` layers and its head). ``lookahead``: drafts per
     round (an int, or ``"auto"`` to adapt it, up to ``max_lookahead``, to the measured acceptance
-    and cost). ``verify``: ``"block"`` (Sun et al. 2024, never fewer tokens than token-wise in
+    and cost; default 4, or with ``tree=`` the tree's depth, and for Medusa heads at most their
+    number). ``verify``: ``"block"`` (Sun et al. 2024, never fewer tokens than token-wise in
     expectation), ``"token"`` (Leviathan et al.) or ``"greedy"``; temperature 0 always uses
     ``"greedy"``. ``cost_ratio``: with ``lookahead="auto"``, a fixed cost of a draft step relative
     to a target call instead of the measured one, so that the lookahead chosen each round (hence
@@ -197,15 +200,18 @@ class SpeculativeGenerator:
     :meth:`generate` for their inputs.
     """
 
-    def __init__(self, target: Any, draft: Any, lookahead: int | str = 4, verify: str = "block",
+    def __init__(self, target: Any, draft: Any, lookahead: int | str | None = None, verify: str = "block",
                  *, cost_ratio: float | None = None, tokenizer: Any = None,
                  draft_tokenizer: Any = None, max_lookahead: int = 16, tree: Any = None,
                  verify_on_device: bool | None = None, cuda_graphs: bool = False) -> None:
+        target = unwrapped(target, "target")  # a PeftModel's base model (adapters on), a compiled module's own
+        if isinstance(draft, torch.nn.Module):
+            draft = unwrapped(draft, "draft")
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
         if not isinstance(verify, str) or verify not in RULES:
             raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
-        if lookahead != "auto" and (not is_int(lookahead) or lookahead < 0):
+        if lookahead is not None and lookahead != "auto" and (not is_int(lookahead) or lookahead < 0):
             raise ValueError(f"lookahead must be an int >= 0 or 'auto', got {lookahead!r}")
         if not is_int(max_lookahead) or max_lookahead < 1:
             raise ValueError(f"max_lookahead must be an int >= 1, got {max_lookahead!r}")
@@ -220,16 +226,19 @@ class SpeculativeGenerator:
                 "cannot be the target on its own: use it as the draft of its encoder-decoder")
         if self.seq2seq:
             check_seq2seq(target, "target")
-        else:
-            check_model(target, "target")
         on_target = isinstance(draft, (MedusaHeads, FeatureDraft))
         if isinstance(draft, torch.nn.Module) and not on_target:
             check_vocabularies(target, draft, tokenizer, draft_tokenizer)
         self.target = target
-        self._target_lm: CachedModel | CachedSeq2Seq | LeanSeq2Seq | LeanLlama = (
-            lean_seq2seq(target) if self.seq2seq else CachedModel(target))
+        # the position-indexed cache, or transformers' own cache when its probe refuses the model
+        self._target_lm: CachedModel | CachedSeq2Seq | LeanSeq2Seq | LeanLlama | TransformersCacheModel = (
+            lean_seq2seq(target) if self.seq2seq else pick_runtime(target, "target"))
         if on_target or tree is not None:
             self.draft = self._on_target_draft(draft, tree)
+            spec = getattr(self.draft, "spec", None)
+            if lookahead is None:  # a tree's depth; a Medusa chain has one token per head
+                lookahead = spec.depth if spec is not None else (
+                    min(4, draft.n_heads) if isinstance(self.draft, MedusaDraft) else 4)
             if isinstance(self.draft, MedusaDraft):  # a chain is at most one token per head
                 if lookahead != "auto" and int(lookahead) > draft.n_heads:
                     raise ValueError(f"lookahead={lookahead} but the Medusa heads draft at most "
@@ -237,6 +246,7 @@ class SpeculativeGenerator:
                 max_lookahead = min(int(max_lookahead), draft.n_heads)
         else:
             self.draft = make_draft(draft, target)
+        lookahead = 4 if lookahead is None else lookahead
         self.lookahead = lookahead if lookahead == "auto" else int(lookahead)
         self.verify = verify
         self.cost_ratio = cost_ratio
@@ -453,12 +463,14 @@ class SpeculativeGenerator:
                                  f"drop {', '.join([*extra, *settings])}")
             from speculate.distributed.runners import generate_sharded
 
-            rows = [p.tolist() for p in prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer)]
+            rows = [p.tolist() for p in
+                    prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer, self._pad_id())]
             return generate_sharded(self, rows, executor=executor, shards=shards, rows_per_stream=rows_per_stream,
                                     rng=rng, max_new_tokens=128 if max_new_tokens is None else max_new_tokens,
                                     temperature=1.0 if temperature is None else temperature, top_k=top_k,
                                     top_p=top_p, eos_token_id=eos_token_id)
         s = resolve(generation_config, logits_processor=logits_processor, max_new_tokens=max_new_tokens,
+                    model_config=getattr(self.target, "generation_config", None),
                     temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
                     **_setting_kwargs(settings))
         request = dict(input_ids=input_ids, attention_mask=attention_mask, input_features=input_features,
@@ -492,6 +504,7 @@ class SpeculativeGenerator:
         ...     print(event.texts[0], end="", flush=True)
         """
         s = resolve(generation_config, logits_processor=logits_processor, max_new_tokens=max_new_tokens,
+                    model_config=getattr(self.target, "generation_config", None),
                     temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
                     **_setting_kwargs(settings))
         req = self._prepare(s, as_rng(rng), input_ids=input_ids, attention_mask=attention_mask,
@@ -509,7 +522,8 @@ class SpeculativeGenerator:
             raise ValueError("streamer= takes one row; it cannot be combined with batch_size=")
         if self.seq2seq or request["input_features"] is not None or request["decoder_input_ids"] is not None:
             raise ValueError("batch_size= takes decoder-only prompts; split encoder-decoder requests yourself")
-        prompts = prompt_ids(request["input_ids"], request["attention_mask"], self.vocab, self.tokenizer)
+        prompts = prompt_ids(request["input_ids"], request["attention_mask"], self.vocab, self.tokenizer,
+                             self._pad_id())
         rng = as_rng(rng)
         t0 = time.perf_counter()
         outs = []
@@ -526,6 +540,21 @@ class SpeculativeGenerator:
             prompt_lengths=[n for o in outs for n in o.prompt_lengths],
             stats=Stats.merge([o.stats for o in outs]), prefill_time=sum(o.prefill_time for o in outs),
             wall_time=time.perf_counter() - t0, tokenizer=self.tokenizer)
+
+    def _pad_id(self) -> int | None:
+        """The pad id to infer a missing ``attention_mask`` from (transformers' rule): the target's
+        ``generation_config.pad_token_id``, else the tokenizer's; None when unknown or also an EOS id."""
+        gc = getattr(self.target, "generation_config", None)
+        pad = getattr(gc, "pad_token_id", None)
+        if pad is None and self.tokenizer is not None:
+            pad = getattr(self.tokenizer, "pad_token_id", None)
+        if isinstance(pad, (list, tuple)):
+            pad = pad[0] if pad else None
+        if pad is None:
+            return None
+        eos = getattr(gc, "eos_token_id", None)
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return None if int(pad) in eos else int(pad)
 
     def _prepare(self, s: Settings, rng: np.random.Generator, *, input_ids: Any = None, attention_mask: Any = None,
                  input_features: Any = None, decoder_input_ids: Any = None,
@@ -551,7 +580,7 @@ class SpeculativeGenerator:
             if extra:
                 raise ValueError(f"{type(self.target).__name__} is a decoder-only LM: {', '.join(extra)} "
                                  "belong to encoder-decoder targets; pass the prompt as input_ids")
-            prompts = prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer)
+            prompts = prompt_ids(input_ids, attention_mask, self.vocab, self.tokenizer, self._pad_id())
         n_ret = s.num_return_sequences
         if n_ret > 1:  # each prompt repeated: independent rows, prompt-major
             prompts = [p for p in prompts for _ in range(n_ret)]
@@ -591,13 +620,30 @@ class SpeculativeGenerator:
         the rounds end, raise, or the caller stops early."""
         if req.n_new <= 0:
             return
+        self._enter()
         try:
             req.process.start(spare=req.spare)
             yield from rounds(req.process, len(req.prompt_lengths), req.n_new, lookahead=self.lookahead,
                               verify=req.verify, rng=req.rng, max_lookahead=self.max_lookahead,
                               cost_ratio=self.cost_ratio, stats=req.stats)
         finally:
-            req.process.release()
+            try:
+                req.process.release()
+            finally:
+                self._running = False
+
+    def _enter(self) -> None:
+        """Mark this generator running, or raise before touching its caches: one generator holds one
+        set of model caches, so a second run (``generate`` inside its own ``stream`` loop, or another
+        thread) would overwrite the first's."""
+        with _RUNNING_LOCK:
+            if self.__dict__.get("_running", False):
+                raise RuntimeError(
+                    "this SpeculativeGenerator is already running (a generate or stream call that has not "
+                    "finished: a stream being iterated, or another thread); it holds one set of model caches, "
+                    "so runs cannot overlap: finish or close() the stream first, or make one generator per "
+                    "thread (they can share the models)")
+            self._running = True
 
     def _output(self, req: _Request) -> GenerationOutput:
         t = req.tokens
@@ -605,6 +651,10 @@ class SpeculativeGenerator:
         return GenerationOutput(sequences=seqs, prompt_lengths=req.prompt_lengths, stats=req.stats,
                                 prefill_time=req.process.prefill_time,
                                 wall_time=time.perf_counter() - req.t_start, tokenizer=self.tokenizer)
+
+
+#: makes the running check and set of :meth:`SpeculativeGenerator._enter` one step across threads
+_RUNNING_LOCK = threading.Lock()
 
 
 class _Request(NamedTuple):

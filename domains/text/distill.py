@@ -28,7 +28,6 @@ True
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 
 from .kv_cache import execution_device, model_vocab_size
 from .progress import progress_bar
+from .runtime.transformers_api import output_cache, state_kwarg
 
 DIVERGENCES = ("tv", "fkl", "rkl", "jsd")
 
@@ -273,10 +273,9 @@ def sample_continuations(model: torch.nn.Module, prefix: torch.Tensor, n_new: in
     """
     dev = execution_device(model)
     ids = prefix.to(dev)
-    # attention models return and take ``past_key_values``; state-space ones (Mamba) ``cache_params``
-    name = "cache_params" if "cache_params" in inspect.signature(model.forward).parameters else "past_key_values"
+    name = state_kwarg(model)  # cache / past_key_values / cache_params, by transformers release
     out = model(input_ids=ids, use_cache=True)
-    past, new = out[name], []
+    past, new = output_cache(out), []
     logits = out.logits[:, -1]  # [B, V]
     for i in range(n_new):
         logits = logits.float() / temperature
@@ -286,7 +285,7 @@ def sample_continuations(model: torch.nn.Module, prefix: torch.Tensor, n_new: in
         new.append(tok)
         if i + 1 < n_new:
             out = model(input_ids=tok, use_cache=True, **{name: past})
-            past, logits = out[name], out.logits[:, -1]
+            past, logits = output_cache(out), out.logits[:, -1]
     return torch.cat([ids, *new], dim=1).to(prefix.device) if new else prefix
 
 

@@ -53,11 +53,11 @@ from .encoder_decoder import (
     reads_encoder,
 )
 from .inputs import EncoderInputs
-from .kv_cache import advance_length, check_model, model_vocab_size, text_config
-from .lean_llama import lean_model
+from .kv_cache import advance_length, model_vocab_size, text_config
 from .lean_seq2seq import lean_seq2seq
 from .process import Drafted, TokenBuffer
 from .processors import Transforms, as_transforms
+from .runtime.pick import pick_runtime
 from .sampling import SamplingConfig
 
 __all__ = ["EarlyExitDraft", "ModelDraft", "NgramDraft", "Seq2SeqDraft", "SourceNgramDraft",
@@ -89,9 +89,10 @@ class ModelDraft:
     on_device = False  #: draft where the logits are (set by the process: verification on the device)
 
     def __init__(self, model: Any) -> None:
-        check_model(model, "draft")
         self.model = model
-        self.lm = lean_model(model)  # a lean loop for Llama drafts (draft steps are mostly overhead)
+        # a lean loop for Llama drafts (draft steps are mostly overhead); transformers' own cache for a
+        # model the position-indexed cache refuses
+        self.lm = pick_runtime(model, "draft", lean=True)
         self.vocab = model_vocab_size(model)
         self.unknown = _unknown_id(model, self.vocab)
 

@@ -31,7 +31,6 @@ A decoder that reads another model's encoder (a distil-whisper draft, loaded as
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .attention_masks import LayerPlan, masks
 from .kv_cache import _RowLayer, _Slots, check_eval_mode, execution_device, model_vocab_size, remembered
+from .runtime.transformers_api import cache_kwarg, forward_params
 
 __all__ = [
     "CachedSeq2Seq",
@@ -234,7 +234,8 @@ class CachedSeq2Seq:
         self.positions = _positions(model)
         self.max_pos = self.positions.limit
         self.float_mask = impl == "eager"
-        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._has_logits_to_keep = "logits_to_keep" in forward_params(model)
+        self._cache_kw = cache_kwarg(model) or "past_key_values"
         self.encoder: EncoderState | None = None
         self.length = np.zeros(0, np.int64)
         self.slots = _Slots(0)
@@ -302,7 +303,7 @@ class CachedSeq2Seq:
                 pos = pos.clamp(max=self.max_pos - 1)  # padded columns past the table: never used
         enc = self.encoder
         assert enc is not None
-        kw: dict[str, Any] = dict(past_key_values=self.cache, use_cache=True)
+        kw: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
         if last_only and self._has_logits_to_keep:
             kw["logits_to_keep"] = 1
         with _at_positions(self.positions, pos) if pos is not None else contextlib.nullcontext():

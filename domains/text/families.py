@@ -6,8 +6,9 @@ mechanism or the reason, and a tiny config to build a random model of it (no dow
 ``tests/text/test_text_families.py`` walks the table: every row marked ``works`` or ``fixed``
 passes the conformance matrix (greedy equals the target's own greedy decoding on a ragged,
 left-padded batch; the exact law of the first two sampled tokens for the token and block rules),
-every row marked ``refused`` raises the ``ValueError`` whose message matches ``refusal``, before
-any work.
+every row marked ``fallback`` passes the same matrix through transformers' own cache (the position-
+indexed cache refuses it: the ``FallbackWarning`` matches ``refusal``), and every row marked
+``refused`` raises the ``ValueError`` whose message matches ``refusal``, before any work.
 
 :data:`ENCODER_DECODER` is the same for encoder-decoder families (``tiny_seq2seq`` builds them);
 ``tests/text/test_text_encoder_decoder.py`` walks it with different encoder inputs per row.
@@ -15,7 +16,9 @@ any work.
 
 Status: ``works``: exact before this table was made; ``fixed``: refused or wrong before (sliding
 windows past the window, ALiBi in ragged batches, recurrent layers, encoder-decoders), exact now;
-``refused``: a clear error naming the family and the reason.
+``fallback``: the position-indexed cache refuses it, transformers' own cache runs it (exact, slower,
+with a warning naming the reason: ``runtime/transformers_cache.py``); ``refused``: a clear error
+naming the family and the reason.
 
 >>> fam = family("mamba")
 >>> fam.status, fam.model_class
@@ -53,10 +56,10 @@ class Family:
     name: str  #: the family, as users know it
     model_type: str  #: transformers' ``model_type`` (``AutoConfig.for_model``)
     model_class: str  #: the causal-LM class ``AutoModelForCausalLM`` builds
-    status: str  #: ``works``, ``fixed`` or ``refused``
+    status: str  #: ``works``, ``fixed``, ``fallback`` or ``refused``
     note: str  #: what the family needs (the mechanism) or why it is refused
     config: dict[str, Any] = field(default_factory=dict)  #: overrides of :data:`COMMON`
-    refusal: str = ""  #: a regex the refusal's message matches (refused rows)
+    refusal: str = ""  #: a regex the refusal's message matches (refused rows; the warning of fallback rows)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -153,16 +156,17 @@ FAMILIES: tuple[Family, ...] = (
            dict(layer_types=["linear_attention", "full_attention"], head_dim=8, linear_num_value_heads=4,
                 linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, num_experts=2,
                 num_experts_per_tok=1, moe_intermediate_size=32, shared_expert_intermediate_size=32)),
-    # ---- refused, with the reason
-    Family("GPT-Neo", "gpt_neo", "GPTNeoForCausalLM", "refused",
-           "local layers take their window from the key length, not from positions",
+    # ---- the fallback: transformers' own cache (the position-indexed cache's reason in the warning)
+    Family("GPT-Neo", "gpt_neo", "GPTNeoForCausalLM", "fallback",
+           "transformers' own cache: its local layers take their window from the key length, not from positions",
            dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=WINDOW,
                 max_position_embeddings=64), refusal=r"GPTNeoForCausalLM.*local attention"),
-    Family("RecurrentGemma", "recurrent_gemma", "RecurrentGemmaForCausalLM", "refused",
-           "RG-LRU layers: no rollback implementation",
+    Family("RecurrentGemma", "recurrent_gemma", "RecurrentGemmaForCausalLM", "fallback",
+           "transformers' forward without a cache (recompute): RG-LRU layers have no rollback implementation",
            dict(block_types=["recurrent", "attention"], lru_width=32, attention_window_size=WINDOW,
                 conv1d_width=4), refusal=r"RecurrentGemmaForCausalLM.*cannot\s+roll back"),
-    Family("RWKV", "rwkv", "RwkvForCausalLM", "refused", "RWKV time mixing: no rollback implementation",
+    Family("RWKV", "rwkv", "RwkvForCausalLM", "fallback",
+           "transformers' forward without a cache (recompute): RWKV time mixing has no rollback implementation",
            dict(attention_hidden_size=32, context_length=64), refusal=r"RwkvForCausalLM.*cannot\s+roll back"),
 )
 

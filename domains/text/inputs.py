@@ -144,10 +144,15 @@ def _mask_rows(attention_mask: Any, n_rows: int, width: int | None) -> np.ndarra
 
 
 def prompt_ids(input_ids: Any, attention_mask: Any, vocab: int,
-             tokenizer: Any = None) -> list[np.ndarray]:
+             tokenizer: Any = None, pad_token_id: int | None = None) -> list[np.ndarray]:
     """The prompts of ``input_ids`` (padding removed) as int64 arrays, checked; raises before any
     work: ``TypeError`` for text without a tokenizer or non-integer ids, ``ValueError`` for empty
-    rows, ids outside the vocabulary, or a mask that does not fit."""
+    rows, ids outside the vocabulary, or a mask that does not fit.
+
+    A ``[B, L]`` tensor (or array) of ids given without ``attention_mask`` is masked where it holds
+    ``pad_token_id``, as transformers' ``generate`` infers it (the caller passes None when the pad id
+    is unknown or is also an EOS id): left- or right-padded rows lose their padding; a pad id inside
+    a row is a hole the mask check refuses."""
     if _is_text(input_ids):
         input_ids = _tokenize(input_ids, tokenizer, attention_mask)
     elif is_chat(input_ids):  # chat messages: through the tokenizer's chat template
@@ -168,13 +173,26 @@ def prompt_ids(input_ids: Any, attention_mask: Any, vocab: int,
     else:
         raise TypeError(f"input_ids must be a LongTensor [B, L] or lists of token ids, got "
                         f"{type(input_ids).__name__}")
+    inferred = False
+    if (attention_mask is None and pad_token_id is not None and isinstance(input_ids, torch.Tensor)
+            and input_ids.ndim == 2 and not input_ids.is_floating_point()):
+        pads = ids == int(pad_token_id)
+        if bool(pads.any()):  # padded ids: the mask transformers' generate would infer
+            attention_mask, inferred = (~pads).long(), True
     if len(rows) == 0:
         raise ValueError("input_ids has no rows")
     if any(_is_text(r) for r in rows):
         raise TypeError(f"input_ids holds text, not token ids: {_TEXT_FIX}")
     if attention_mask is not None:
         widths = {len(r) for r in rows}
-        m = _mask_rows(attention_mask, len(rows), widths.pop() if len(widths) == 1 else None)
+        try:
+            m = _mask_rows(attention_mask, len(rows), widths.pop() if len(widths) == 1 else None)
+        except ValueError as e:
+            if not inferred:
+                raise
+            raise ValueError(f"input_ids holds pad_token_id {pad_token_id} inside a row, not only as left or "
+                             f"right padding (the attention_mask inferred from it: {e}); pass attention_mask "
+                             "yourself (or set generation_config.pad_token_id to the real pad id)") from None
         rows = [_row(r, i)[m[i]] if len(r) else _row(r, i) for i, r in enumerate(rows)]
     out = []
     for i, r in enumerate(rows):

@@ -21,7 +21,6 @@ in the leaner loop of ``lean_llama.py``, which keeps the same interface.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +33,7 @@ from transformers.cache_utils import DynamicLayer
 from .attention_masks import ATTENTION, RECURRENT, alibi_from_slots, layer_plan, masks, tree_masks
 from .recurrent import RecurrentLayers
 from .recurrent_mixers import find_mixers, unknown_recurrent
+from .runtime.transformers_api import cache_kwarg, execution_device, forward_params, version_note
 
 __all__ = [
     "CacheMemoryError",
@@ -140,27 +140,6 @@ def model_vocab_size(model: Any) -> int:
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
     return int(text_config(model.config).vocab_size)
-
-
-def execution_device(module: Any) -> torch.device:
-    """Where ``module`` computes (and its inputs and caches go): its first parameter's device, or
-    for a model loaded with a ``device_map`` (accelerate hooks; weights offloaded to the CPU or
-    disk sit on ``meta`` between calls) the execution device of its first hook.
-
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> cfg = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-    ...                   num_attention_heads=2)
-    >>> execution_device(LlamaForCausalLM(cfg))
-    device(type='cpu')
-    """
-    first = next(module.parameters(), None)
-    if first is not None and first.device.type != "meta" and "hf_device_map" not in module.__dict__:
-        return first.device
-    for m in module.modules():
-        dev = getattr(m.__dict__.get("_hf_hook"), "execution_device", None)
-        if dev is not None:
-            return torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
-    return next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
 
 
 def max_positions(model: Any) -> int | None:
@@ -296,11 +275,16 @@ def check_eval_mode(model: Any, role: str = "model") -> None:
         return
     drop = [n or "(root)" for n, m in model.named_modules()
             if m.training and isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
-    what = (f"{len(drop)} dropout module(s) active, e.g. {drop[0]}" if drop
-            else "no dropout module, but training-time behaviour may still apply")
+    if drop:
+        what = (f"{len(drop)} dropout module(s) active, e.g. {drop[0]}: its logits would be random, so the "
+                "output law would not be the model's")
+    else:
+        n = sum(m.training for m in model.modules())
+        what = (f"{n} module(s) with training=True; none drops out, but a module may compute differently "
+                "while training (normalisation statistics, training-only branches), and speculate decodes "
+                "with the model's inference behaviour only")
     raise ValueError(
-        f"the {role} ({type(model).__name__}) is in training mode ({what}): its logits would be "
-        f"random, so the output law would not be the model's; call {role}.eval() before "
+        f"the {role} ({type(model).__name__}) is in training mode ({what}); call {role}.eval() before "
         "generating (models from from_pretrained are in eval mode; models built from a config "
         "are not)"
     )
@@ -357,9 +341,10 @@ class CachedModel:
         self.max_pos = max_positions(model)  # learned positions: padded columns are clamped to it
         self.float_mask = impl == "eager"
         self.n_layers = int(cfg.num_hidden_layers)
-        params = inspect.signature(model.forward).parameters
+        params = forward_params(model)
         self._has_logits_to_keep = "logits_to_keep" in params
-        self._attends = bool(self.plan.kinds) and "past_key_values" in params
+        self._cache_kw = cache_kwarg(model)  # "cache" from transformers 5.24, "past_key_values" before
+        self._attends = bool(self.plan.kinds) and self._cache_kw is not None
         self.length = np.zeros(0, np.int64)
         self.slots = _Slots(0)
         self.cache: Cache | None = None
@@ -501,7 +486,7 @@ class CachedModel:
         if last_only and self._has_logits_to_keep:
             kw["logits_to_keep"] = 1
         if self._attends:
-            kw.update(past_key_values=self.cache, use_cache=True)
+            kw.update({self._cache_kw: self.cache, "use_cache": True})
         else:
             kw["use_cache"] = False
         with contextlib.ExitStack() as stack:
@@ -570,7 +555,7 @@ def check_model(model: Any, role: str = "model") -> None:
     check_eval_mode(model, role)
     why = remembered(model, "cache", lambda: _probe(model))  # raises (stores nothing) on non-finite logits
     if why is not None:
-        raise ValueError(why)
+        raise ValueError(f"{why} {version_note()}")
 
 
 #: model object -> {tag: (setting, verdict)}: what :func:`remembered` stored (by the object itself,
@@ -602,8 +587,8 @@ def _probe(model: Any, make: Any = None) -> str | None:
     if n_pos is not None and n_pos < 12:
         return f"{name} has only {n_pos} positions; speculate's text domain needs at least 12"
     try:
-        CachedModel(model)
-    except ValueError as e:  # a family the cache cannot serve: its own reason
+        make(model)
+    except ValueError as e:  # a family the runtime cannot serve: its own reason
         return str(e)
     V = model_vocab_size(model)
     dev = execution_device(model)

@@ -51,15 +51,36 @@ class Settings:
     num_return_sequences: int = 1
 
 
-def _pick(name: str, given: dict[str, Any], config: Any) -> Any:
+def _pick(name: str, given: dict[str, Any], config: Any, own: dict[str, Any]) -> Any:
     v = given.get(name)
-    return v if v is not None else (getattr(config, name, None) if config is not None else None)
+    if v is not None:
+        return v
+    v = getattr(config, name, None) if config is not None else None
+    return v if v is not None else own.get(name)
+
+
+#: the settings a model's own ``generation_config`` contributes (where its checkpoint set them)
+_OWN = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
+        "no_repeat_ngram_size", "bad_words_ids", "min_new_tokens", "max_new_tokens")
+
+
+def model_settings(model_config: Any) -> dict[str, Any]:
+    """What a model's own ``generation_config`` sets: the fields of :data:`_OWN` whose values differ
+    from transformers' ``GenerationConfig()`` defaults (``to_diff_dict``: what its checkpoint chose).
+    Fields we do not support there (``max_length``, beams, ...) are ignored, not refused: they are
+    the model's, not the caller's request."""
+    if model_config is None or not hasattr(model_config, "to_diff_dict"):
+        return {}
+    diff = model_config.to_diff_dict()
+    return {k: diff[k] for k in _OWN if diff.get(k) is not None}
 
 
 def resolve(generation_config: Any = None, *, logits_processor: Sequence[Any] | None = None,
-            **given: Any) -> Settings:
-    """The :class:`Settings` of ``generation_config`` overridden by the keyword arguments ``given``
-    that are not None (names as in ``GenerationConfig``)."""
+            model_config: Any = None, **given: Any) -> Settings:
+    """The :class:`Settings` of a call, with transformers' precedence: the keyword arguments ``given``
+    that are not None (names as in ``GenerationConfig``), then ``generation_config`` (the one the
+    call passes), then what the model's own ``model_config`` sets (:func:`model_settings`), then
+    our defaults (sampling at temperature 1, 128 new tokens)."""
     from transformers import (
         NoBadWordsLogitsProcessor,
         NoRepeatNGramLogitsProcessor,
@@ -75,7 +96,8 @@ def resolve(generation_config: Any = None, *, logits_processor: Sequence[Any] | 
             if v is not None and v != default and not (name == "max_length" and given.get("max_new_tokens")):
                 hint = " (use max_new_tokens)" if name in ("max_length", "min_length") else ""
                 raise ValueError(f"generation_config.{name}={v!r} is not supported by speculative decoding{hint}")
-    g = {k: _pick(k, given, gc) for k in (
+    own = model_settings(model_config)
+    g = {k: _pick(k, given, gc, own) for k in (
         "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
         "no_repeat_ngram_size", "bad_words_ids", "min_new_tokens", "stop_strings", "eos_token_id",
         "num_return_sequences", "max_new_tokens")}

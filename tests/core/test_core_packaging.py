@@ -93,3 +93,51 @@ def test_the_core_imports_without_torch():
             "assert 'torch' not in sys.modules, 'the core imported torch'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def _ranges() -> dict[str, list]:
+    """Every dependency pyproject.toml declares (extras included), by canonical name: its specifiers."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        reqs += [r for r in extra if not r.startswith("speculate[")]
+    out: dict[str, list] = {}
+    for r in map(Requirement, reqs):
+        out.setdefault(canonicalize_name(r.name), []).extend(r.specifier)
+    return out
+
+
+def _pins(name: str) -> dict[str, str]:
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (ROOT / name).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            pkg, version = line.split("==")
+            pins[canonicalize_name(pkg)] = version.split("+")[0]
+    return pins
+
+
+def test_every_range_has_a_tested_floor():
+    """Each declared range has a floor (>=), pinned in constraints-floor.txt (run by .ci/floor), and
+    the pinned working set (constraints.txt) lies inside every range."""
+    from packaging.version import Version
+
+    floors, pinned = _pins("constraints-floor.txt"), _pins("constraints.txt")
+    for name, specs in _ranges().items():
+        lower = sorted({s.version for s in specs if s.operator == ">="})
+        assert len(lower) == 1, f"{name}: declare one floor (>=), got {[str(s) for s in specs]}"
+        assert floors.get(name) == lower[0], f"{name}: floor {lower[0]}, constraints-floor.txt: {floors.get(name)}"
+        for s in specs:
+            assert s.contains(Version(pinned[name])), f"{name}: constraints.txt pins {pinned[name]}, outside {s}"
+
+
+def test_the_text_domain_names_the_tested_transformers_floor():
+    from speculate.domains.text.runtime.transformers_api import TESTED
+
+    assert TESTED["floor"] == _pins("constraints-floor.txt")["transformers"]
+    assert TESTED["pinned"] == _pins("constraints.txt")["transformers"]

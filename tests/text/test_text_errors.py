@@ -247,18 +247,21 @@ def test_models_without_a_position_table_have_no_length_limit(make_llama):
 
 
 @pytest.mark.parametrize("family", ["gpt_neo", "rwkv", "recurrent_gemma"])
-def test_unsupported_family_refused_before_any_work(family):
-    """A family the cache cannot serve is refused at construction, with its name and the reason,
-    before a single forward pass (domains/text/families.py lists them)."""
+def test_a_family_the_cache_cannot_serve_runs_on_the_fallback_with_the_reason(family):
+    """A family the position-indexed cache cannot serve runs through transformers' own cache, with a
+    warning naming the family, the reason and the installed transformers (domains/text/families.py)."""
     from speculate.domains.text.families import family as row
     from speculate.domains.text.families import tiny_model
+    from speculate.domains.text.runtime.pick import FallbackWarning
+    from speculate.domains.text.runtime.transformers_api import installed
 
     fam = row(family)
     target = tiny_model(fam)
-    calls = Forwards(target)
-    with pytest.raises(ValueError, match=fam.refusal):
-        SpeculativeGenerator(target, "ngram")
-    assert calls.n == 0
+    with pytest.warns(FallbackWarning, match=fam.refusal) as w:
+        gen = SpeculativeGenerator(target, "ngram")
+    assert installed() in str(w[0].message)
+    out = gen.generate([[1, 2, 3]], max_new_tokens=4, temperature=0, eos_token_id=[])
+    assert len(out.new_tokens[0]) == 4
 
 
 # ---------------------------------------------------------------- other arguments
@@ -351,3 +354,63 @@ def test_tiny_temperatures_are_the_greedy_limit(make_llama, t):
     greedy = gen.generate([[1, 2, 3], [4, 5]], max_new_tokens=8, temperature=0, eos_token_id=[])
     tiny = gen.generate([[1, 2, 3], [4, 5]], max_new_tokens=8, temperature=t, eos_token_id=[], rng=0)
     assert tiny.sequences == greedy.sequences
+
+
+def test_a_generator_running_refuses_a_second_run_before_touching_its_caches(make_llama):
+    """Regression: generate inside the generator's own stream loop (or threads sharing one) died with
+    broadcast / index errors from overwritten caches. One clear RuntimeError; the first run is intact."""
+    import threading
+
+    gen = SpeculativeGenerator(make_llama(), "ngram", lookahead=2)
+    solo = gen.generate([[1, 2, 3]], max_new_tokens=12, rng=5, eos_token_id=[]).sequences
+    it = gen.stream([[1, 2, 3]], max_new_tokens=12, rng=5, eos_token_id=[])
+    got = list(next(it).tokens[0])
+    with pytest.raises(RuntimeError, match=r"already running.*one generator per thread"):
+        gen.generate([[4, 5]], max_new_tokens=4, rng=0)
+    for event in it:
+        got += list(event.tokens[0])
+    assert [1, 2, 3, *got] == solo[0]  # the stream was not disturbed
+    gen.generate([[4, 5]], max_new_tokens=4, rng=0)  # free again once the stream ended
+
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(gen.generate([[1, 2, 3]], max_new_tokens=12, rng=5, eos_token_id=[]).sequences)
+        except Exception as e:  # every failure is inspected below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) + len(errors) == 4 and results
+    assert all(r == solo for r in results)
+    assert all(isinstance(e, RuntimeError) and "already running" in str(e) for e in errors), errors
+
+
+def test_padded_ids_without_a_mask_are_unpadded_as_transformers_does(make_llama):
+    """Regression: left-padded ids without attention_mask were taken as prompt (pads in sequences,
+    a different law); transformers infers the mask from pad_token_id (when it is not an EOS id)."""
+    target = make_llama()
+    target.generation_config.pad_token_id = 0
+    gen = SpeculativeGenerator(target, "ngram", lookahead=2)
+    ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
+    out = gen.generate(ids, max_new_tokens=4, rng=0, eos_token_id=[])
+    ref = gen.generate([[5, 6], [7, 8, 9, 10]], max_new_tokens=4, rng=0, eos_token_id=[])
+    assert out.sequences == ref.sequences and out.prompt_lengths == [2, 4]
+    with pytest.raises(ValueError, match="pad_token_id 0 inside a row"):  # not padding
+        gen.generate(torch.tensor([[5, 0, 6]]), max_new_tokens=2, rng=0)
+    target.generation_config.eos_token_id = 0  # pad == EOS: transformers keeps every id, so do we
+    same = gen.generate(ids, max_new_tokens=4, rng=0, eos_token_id=[])
+    assert same.prompt_lengths == [4, 4]
+
+
+def test_training_mode_without_dropout_says_what_is_wrong(make_llama):
+    """Regression: a model with no dropout in training mode was told 'no dropout module ... its logits
+    would be random': the message now says what is wrong (training mode; no dropout)."""
+    m = make_llama().train()
+    with pytest.raises(ValueError, match=r"training mode \(\d+ module\(s\) with training=True; none drops out") as e:
+        SpeculativeGenerator(m, "ngram")
+    assert "random" not in str(e.value) and "call target.eval()" in str(e.value)

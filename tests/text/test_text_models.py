@@ -198,3 +198,29 @@ def test_training_script_end_to_end(tmp_path):
         assert key in saved and key in report
     assert 0.0 < saved["alpha"]["after_distill"]["alpha_target_samples"] <= 1.0
     assert (tmp_path / "smoke.md").read_text().startswith("# Text model pair (small)")
+
+
+def test_peft_and_compiled_models_run_as_the_user_built_them(make_llama):
+    """Regression: a PeftModel or a torch.compile'd model was refused with a KV-cache size mismatch. A
+    PeftModel runs as its base model with the adapters on (greedy equals its own generate); a compiled
+    module runs uncompiled (the same function), with a warning; both on the position-indexed cache."""
+    import peft
+    import torch
+    from speculate.domains.text import SpeculativeGenerator
+    from speculate.domains.text.kv_cache import CachedModel
+
+    cfg = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    pm = peft.get_peft_model(make_llama(init_std=0.5), cfg).eval()
+    draft = make_llama(layers=1, rng=1)
+    gen = SpeculativeGenerator(pm, draft, lookahead=3)
+    assert type(gen._target_lm) is CachedModel
+    prompt = [1, 5, 2, 7]
+    out = gen.generate([prompt], max_new_tokens=10, temperature=0, eos_token_id=[]).sequences[0]
+    ref = pm.generate(input_ids=torch.tensor([prompt]), max_new_tokens=10, do_sample=False)[0].tolist()
+    assert out == ref
+    with pm.disable_adapter():  # the adapters matter: without them the tokens differ
+        base = pm.generate(input_ids=torch.tensor([prompt]), max_new_tokens=10, do_sample=False)[0].tolist()
+    assert base != ref
+    with pytest.warns(UserWarning, match="torch.compile wrapper"):
+        gen = SpeculativeGenerator(torch.compile(make_llama()), draft)
+    assert type(gen._target_lm) is CachedModel

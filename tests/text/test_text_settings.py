@@ -184,3 +184,27 @@ def test_processor_contract(make_llama):
         gen.generate([[1, 2, 3]], max_new_tokens=3, stop_strings=["x"])
     with pytest.raises(ValueError, match="every token"):
         gen.generate([[1, 2, 3]], max_new_tokens=3, bad_words_ids=[[i] for i in range(10)])
+
+
+def test_the_models_own_generation_config_is_followed_with_transformers_precedence(make_llama):
+    """Regression: a checkpoint with do_sample=False, max_new_tokens=7 got 128 sampled tokens (only its
+    EOS was read). Precedence as in transformers: keyword arguments > the GenerationConfig passed >
+    the model's own (the fields its checkpoint set) > our defaults."""
+    from transformers import GenerationConfig
+
+    target = make_llama()
+    target.generation_config.do_sample = False
+    target.generation_config.max_new_tokens = 7
+    gen = SpeculativeGenerator(target, "ngram")
+    out = gen.generate([[1, 2, 3]], rng=0, eos_token_id=[])
+    greedy = target.generate(torch.tensor([[1, 2, 3]]), do_sample=False, max_new_tokens=7)
+    assert out.sequences[0] == greedy[0].tolist()
+    assert len(gen.generate([[1, 2, 3]], max_new_tokens=3, rng=0, eos_token_id=[]).new_tokens[0]) == 3
+    passed = GenerationConfig(do_sample=True, max_new_tokens=5)
+    s = resolve(passed, model_config=target.generation_config)
+    assert s.max_new_tokens == 5 and s.sampling.temperature == 1.0
+    s = resolve(passed, model_config=target.generation_config, temperature=0.5, max_new_tokens=2)
+    assert s.max_new_tokens == 2 and s.sampling.temperature == 0.5
+    s = resolve(None, model_config=target.generation_config)
+    assert s.max_new_tokens == 7 and s.sampling.temperature == 0.0
+    assert resolve(None, model_config=make_llama().generation_config).max_new_tokens == 128  # defaults

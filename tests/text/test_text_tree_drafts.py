@@ -203,3 +203,18 @@ def test_a_dynamic_shape_follows_the_laws_not_the_draws():
     # root: 3 children (values .4, .3, .1); then (1, rank 0) .16, (1, rank 1) .12, (2, rank 0) .12;
     # then (4, rank 0) .064, (4, rank 1) .048, (5, rank 0) .048
     assert shapes == {(-1, 0, 0, 0, 1, 1, 2, 4, 4, 5)}
+
+
+def test_the_lookahead_follows_the_tree_and_the_heads_unless_given(make_llama):
+    """Regression: SpeculativeGenerator(target, heads, tree=[2, 2]) with two heads refused with
+    'lookahead=4 but the Medusa heads draft at most 2 tokens'; the default is now the tree's depth
+    (and, for a Medusa chain, at most one token per head)."""
+    target = make_llama(eos=None)
+    heads = MedusaHeads.for_target(target, n_heads=2)
+    assert SpeculativeGenerator(target, heads, tree=[2, 2]).lookahead == 2
+    assert SpeculativeGenerator(target, heads, tree=[3]).lookahead == 1
+    assert SpeculativeGenerator(target, heads).lookahead == 2
+    assert SpeculativeGenerator(target, heads, lookahead=1).lookahead == 1
+    assert SpeculativeGenerator(target, "ngram").lookahead == 4
+    out = SpeculativeGenerator(target, heads, tree=[2, 2]).generate([[1, 2, 3]], max_new_tokens=6, rng=0)
+    assert len(out.new_tokens[0]) == 6

@@ -1,0 +1,74 @@
+"""Which runtime decodes a model: speculate's position-indexed KV cache when its probe accepts the
+model, else transformers' own cache (:class:`~.transformers_cache.TransformersCacheModel`), with a
+warning saying why and what it costs. Only a model neither can decode exactly is refused."""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+from typing import Any
+
+from ..kv_cache import CachedModel, _probe, check_eval_mode, remembered
+from ..lean_llama import lean_model
+from .transformers_api import version_note
+from .transformers_cache import MODES, TransformersCacheModel
+
+__all__ = ["FallbackWarning", "fast_path_refusal", "pick_runtime", "unwrapped"]
+
+
+class FallbackWarning(UserWarning):
+    """A model runs through transformers' own cache: exact, but slower than the fast path."""
+
+
+def unwrapped(model: Any, role: str = "model") -> Any:
+    """The transformers model inside a wrapper that computes the same function: a PEFT ``PeftModel``
+    (its adapters are injected into the base model's modules, which run them: ``get_base_model()``)
+    or a ``torch.compile`` wrapper (``_orig_mod``, the same modules uncompiled: speculate's cache
+    needs per-row slots the compiled graph was not traced for). Anything else as given."""
+    seen = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        if type(model).__module__.startswith("peft") and callable(getattr(model, "get_base_model", None)):
+            model = model.get_base_model()
+        elif type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+            warnings.warn(f"the {role} is a torch.compile wrapper: speculate runs its uncompiled module "
+                          "(the same weights and function; its cache writes per-row slots that the compiled "
+                          "graph was not traced for)", UserWarning, stacklevel=3)
+            model = model._orig_mod
+    return model
+
+
+def fast_path_refusal(model: Any) -> str | None:
+    """Why speculate's position-indexed cache cannot decode ``model`` (None when it can): the
+    probe of :func:`~speculate.domains.text.kv_cache.check_model`, once per model and setting."""
+    return remembered(model, "cache", lambda: _probe(model))
+
+
+def pick_runtime(model: Any, role: str = "model", lean: bool = False) -> Any:
+    """The runtime that decodes ``model`` (the ``role`` names it in messages): ``LeanLlama`` (with
+    ``lean``, for a plain Llama) or :class:`CachedModel` when the position-indexed cache's probe
+    accepts the model; else :class:`TransformersCacheModel` when its own probe (the same ragged rows
+    and rollback against the uncached forward) passes, with a :class:`FallbackWarning`; else
+    ``ValueError`` with both reasons. A model in training mode is refused first."""
+    check_eval_mode(model, role)
+    why = fast_path_refusal(model)
+    if why is None:
+        return lean_model(model) if lean else CachedModel(model)
+    refusals = []
+    for mode in MODES:  # transformers' cache, else no cache at all (recurrent and custom caches)
+        make = partial(TransformersCacheModel, mode=mode)
+        why_not = remembered(model, f"fallback-{mode}", lambda make=make: _probe(model, make))
+        if why_not is None:
+            break
+        refusals.append(f"{mode} mode: {why_not}")
+    else:
+        raise ValueError(f"the {role}: {why}; transformers' own cache cannot decode it exactly either "
+                         f"({'; '.join(refusals)}) {version_note()}")
+    slower = ("rolls back by slicing each row's keys and values" if mode == "cache" else
+              "runs without a cache, feeding each row's whole sequence at every forward")
+    warnings.warn(
+        f"the {role}: {why}. It runs through transformers' own cache instead: exact, but slower than "
+        f"the fast path: each forward runs once per group of rows at the same position and {slower} "
+        f"(expect several times the fast path's time per token). {version_note()}",
+        FallbackWarning, stacklevel=3)
+    return TransformersCacheModel(model, mode)
