@@ -24,6 +24,7 @@ The outcomes are jointly distributed exactly as sampling ``target`` step by step
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,27 @@ from .rounds import Proposal, Verdict, run
 from .stats import Stats
 
 __all__ = ["Trajectories", "Trajectory", "batched", "chain", "chains"]
+
+
+#: states a step may return unchanged (as the same object): values that cannot be changed in place
+_IMMUTABLE = (numbers.Number, str, bytes, tuple, frozenset, type(None), np.generic)
+
+
+def _fresh_states(step: Callable) -> Callable:
+    """``step`` checked on every call: returning the very (mutable) object it was given means it
+    changed that state in place, which corrupts the drafted paths (every drafted state is kept
+    until verification, and a rejected one must still read as it was): a ``ValueError``."""
+
+    def checked(state: Any, outcome: Any) -> Any:
+        new = step(state, outcome)
+        if new is state and not isinstance(state, _IMMUTABLE):
+            raise ValueError(
+                f"step returned the {type(state).__name__} it was given: chains keep every drafted state "
+                "until the target verifies it, so step must return a new state and leave its input "
+                "unchanged (e.g. return state + [x] or np.append(state, x), not state.append(x); return state)")
+        return new
+
+    return checked
 
 
 def batched(fn: Callable) -> Callable:
@@ -142,7 +164,7 @@ class _FunctionProcess:
     """
 
     def __init__(self, target, draft, step, states, stop, greedy=False):
-        self.target, self.draft, self.step, self.stop = target, draft, step, stop
+        self.target, self.draft, self.step, self.stop = target, draft, _fresh_states(step), stop
         self.states = list(states)
         self._batched = bool(getattr(draft, "batched", False))
         self.greedy = greedy  # verify="greedy": a Categorical draft proposes its argmax

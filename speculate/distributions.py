@@ -352,8 +352,19 @@ class PointMass:
         return f"PointMass({self.value!r})"
 
 
+def _is_multivariate(frozen: Any) -> bool:
+    try:
+        from scipy.stats._multivariate import multi_rv_frozen
+    except ImportError:  # pragma: no cover - a scipy that moved it: recognise it by its lack of .dist
+        return not hasattr(frozen, "dist")
+    return isinstance(frozen, multi_rv_frozen)
+
+
 class _Scipy:
-    """Adapter for a frozen scipy.stats distribution (discrete, continuous or multivariate)."""
+    """Adapter for a frozen scipy.stats distribution (discrete, continuous or multivariate).
+
+    A multivariate one's outcome is an array of the shape of its ``mean()`` (``dirichlet([1, 2, 3])``:
+    ``(3,)``; ``multinomial(5, [.2, .8])``: ``(2,)``), whatever shape its ``rvs()`` returns."""
 
     def __init__(self, frozen: Any) -> None:
         import scipy.stats as st
@@ -370,9 +381,26 @@ class _Scipy:
             self._logp = frozen.logpmf
         else:
             raise TypeError(f"scipy distribution {frozen!r} has neither logpdf nor logpmf")
+        self.event_shape: tuple[int, ...] | None = None  # multivariate: the shape of one outcome
+        if _is_multivariate(frozen):
+            mean = getattr(frozen, "mean", None)
+            try:
+                self.event_shape = tuple(np.shape(mean() if callable(mean) else mean))
+            except Exception as e:
+                raise TypeError(f"from_scipy cannot tell the shape of one outcome of {frozen!r} (its mean() "
+                                f"failed: {e!r}); wrap it in your own speculate.Distribution") from e
+            if mean is None or not self.event_shape:
+                raise TypeError(f"from_scipy cannot tell the shape of one outcome of {frozen!r} (no mean()); "
+                                "wrap it in your own speculate.Distribution")
 
     def sample(self, rng: np.random.Generator) -> Any:
         y = self.frozen.rvs(random_state=rng)
+        if self.event_shape is not None:  # scipy returns (1, d) for some families, (d,) for others
+            y = np.asarray(y)
+            if y.size != int(np.prod(self.event_shape)):
+                raise ValueError(f"{self.frozen!r}.rvs() gave shape {y.shape}, not one outcome of shape "
+                                 f"{self.event_shape}")
+            return y.reshape(self.event_shape)
         return y.item() if isinstance(y, np.ndarray) and y.ndim == 0 else y
 
     def log_prob(self, y: Any) -> float:
@@ -500,9 +528,16 @@ def _looks_like_probs(x: Any) -> bool:
         return bool(np.all(np.abs(sums - 1.0) <= _sum_tolerance(arr.dtype)))
 
 
+#: methods of a distribution-like object: one that has some of them but not both of ``sample`` and
+#: ``log_prob`` is refused rather than taken as a point mass (a typo, or scipy's rvs / logpdf)
+_DISTRIBUTION_LIKE = ("sample", "log_prob", "logprob", "log_pdf", "rvs", "logpdf", "logpmf", "pdf", "pmf", "prob")
+
+
 def as_distribution(x: Any, who: str = "a value") -> Any:
     """A distribution as given; a torch or scipy distribution adapted; anything else a :class:`PointMass`.
 
+    An object with some of a distribution's methods (``sample``, ``log_prob``, ``logprob``, ``rvs``,
+    ``logpdf``, ...) but not both ``sample`` and ``log_prob`` raises ``TypeError`` naming the protocol.
     A plain float array (or list of floats) whose rows are non-negative and sum to 1 is still a point
     mass, but it warns (:class:`PlainValueWarning`): it was probably meant as probabilities. Wrap it
     in ``Categorical(probs=...)``, or in ``PointMass(...)`` to say it is a value (no warning).
@@ -517,6 +552,14 @@ def as_distribution(x: Any, who: str = "a value") -> Any:
         return from_scipy(x)
     if callable(getattr(x, "sample", None)) and callable(getattr(x, "log_prob", None)):
         return x
+    half = [a for a in _DISTRIBUTION_LIKE if callable(getattr(x, a, None))]
+    if half:
+        scipy_like = "rvs" in half or "logpdf" in half or "logpmf" in half
+        raise TypeError(
+            f"{who} is a {type(x).__name__} with {', '.join(half)} but not the distribution protocol "
+            "speculate.Distribution: sample(rng) and log_prob(y)"
+            + ("; for a scipy.stats-style object wrap it with speculate.from_scipy(...)" if scipy_like else "")
+            + ". A plain value is taken as a point mass: wrap it in speculate.PointMass(...) if that is meant")
     if _looks_like_probs(x):
         import warnings
 

@@ -47,6 +47,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from . import theory
+from ._inverse_cdf import warm_up
 from .errors import add_note
 from .rng import as_rng
 from .stats import Stats
@@ -112,6 +113,7 @@ class _Lookahead:
             raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
         self.fixed_c = cost_ratio
         self.c: float | None = cost_ratio
+        self.rounds = 0
 
     def update(self, n_acc: np.ndarray, lengths: np.ndarray | None, k: int, t_draft: float, t_target: float) -> None:
         if not self.auto:
@@ -121,7 +123,9 @@ class _Lookahead:
         self.acc = self.decay * self.acc + float(n_acc.sum())
         self.rej = self.decay * self.rej + float(np.sum(n_acc < lengths))
         alpha = (self.acc + 1.0) / (self.acc + self.rej + 2.0)
-        if self.fixed_c is None and k > 0 and t_target > 0:
+        self.rounds += 1
+        if self.fixed_c is None and k > 0 and t_target > 0 and self.rounds > 1:
+            # the first round's times hold one-off costs (first calls of the models, allocation): skipped
             c = (t_draft / k) / t_target
             self.c = c if self.c is None else 0.8 * self.c + 0.2 * c
         self.k = max(1, theory.optimal_lookahead(alpha, self.c or 0.0, self.max))
@@ -246,6 +250,7 @@ def rounds(
     rng = as_rng(rng)
     wanted = _per_row(n, n_rows)
     control = _Lookahead(lookahead, max_lookahead, cost_ratio)
+    warm_up()  # the draws a draft step makes: compiled (once per process) before any round is timed
     stats = Stats() if stats is None else stats
     return _rounds(process, wanted, m, verify, rng, control, stats)
 

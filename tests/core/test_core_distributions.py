@@ -191,3 +191,54 @@ def test_a_kept_normal_draft_comes_back_unrounded_whatever_the_loc_dtype():
     y, kept = sp.speculative_sample(p, q, rng=2, draft=x)
     assert kept.any() and y.dtype == np.float64
     np.testing.assert_array_equal(y[kept], np.asarray(x, np.float64)[kept])
+
+
+def test_half_a_distribution_is_refused_not_taken_as_a_value():
+    """Regression: an object with sample but log_prob misspelt (or scipy's rvs / logpdf) was silently a
+    point mass, so the law of the draw was wrong."""
+
+    class Typo:
+        def sample(self, rng):
+            return int(rng.integers(3))
+
+        def logprob(self, y):
+            return -math.log(3)
+
+    class ScipyStyle:
+        def rvs(self, random_state=None):
+            return 0.0
+
+        def logpdf(self, y):
+            return 0.0
+
+    with pytest.raises(TypeError, match=r"sample, logprob but not the distribution protocol.*log_prob"):
+        sp.speculative_sample(Typo(), sp.Categorical(probs=[0.5, 0.25, 0.25]), rng=0)
+    with pytest.raises(TypeError, match=r"rvs, logpdf.*from_scipy"):
+        as_distribution(ScipyStyle())
+    assert isinstance(as_distribution(np.array([1, 2])), sp.PointMass)  # plain values stay point masses
+
+
+def test_from_scipy_multivariate_outcomes_have_the_event_shape():
+    """Regression: dirichlet failed with scipy's shape error, multinomial samples gained an axis."""
+    rng = np.random.default_rng(0)
+    for frozen, shape in ((st.dirichlet([1, 2, 3]), (3,)), (st.multinomial(5, [0.2, 0.8]), (2,)),
+                          (st.multivariate_normal(np.zeros(2), np.eye(2)), (2,))):
+        d = sp.from_scipy(frozen)
+        y = d.sample(rng)
+        assert np.shape(y) == shape and np.isfinite(d.log_prob(y))
+        y2, _ = sp.speculative_sample(d, d, rng=1)
+        assert np.shape(y2) == shape
+
+
+def test_from_scipy_multinomial_residual_law():
+    """verify_one with p = multinomial(5, [.2, .8]) and q = multinomial(5, [.5, .5]): the first count
+    is Binomial(5, 0.2). 40000 draws, chi-square at ALPHA = 1e-6 over 6 cells: catches a TV of 0.03
+    with probability 0.99 (chi2_sample_size(0.03, 6) = 23000)."""
+    from speculate.testing import DEFAULT_ALPHA, assert_categorical_matches, chi2_sample_size
+
+    n = 40000
+    assert chi2_sample_size(0.03, 6, alpha=DEFAULT_ALPHA, power=0.99) <= n
+    p, q = sp.from_scipy(st.multinomial(5, [0.2, 0.8])), sp.from_scipy(st.multinomial(5, [0.5, 0.5]))
+    rng = np.random.default_rng(7)
+    first = [int(sp.speculative_sample(p, q, rng=rng)[0][0]) for _ in range(n)]
+    assert_categorical_matches(first, st.binom(5, 0.2).pmf(np.arange(6)))

@@ -64,3 +64,21 @@ def test_stopping_early_keeps_what_was_committed():
 def test_bad_arguments_are_refused_before_the_first_round():
     with pytest.raises(ValueError, match="verify must be one of"):
         rounds(Markov(1), 1, 5, verify="bogus")  # raised at the call, not at the first next()
+
+
+def test_one_off_costs_are_not_taken_for_the_drafts_cost():
+    """Regression: the first call of a fresh process counted Numba's compilation of the draft's draws as
+    draft time (auto lookahead estimated c = 0.153 instead of 0.002; a first chain() reported c = 191).
+    The draws are compiled before any round is timed, and auto lookahead skips the first round's times."""
+    import speculate._inverse_cdf as icdf
+    from speculate.rounds import _Lookahead
+
+    P = np.array([[0.9, 0.1], [0.2, 0.8]])
+    sp.chain(lambda s: sp.Categorical(probs=P[np.array(s)]), lambda s: sp.Categorical(probs=P[s]),
+             lambda s, x: x, 0, n=3, lookahead=2, rng=0)
+    assert icdf._WARM
+    ctl = _Lookahead("auto", 8)
+    ctl.update(np.array([2]), None, 2, t_draft=100.0, t_target=0.001)  # a first round of compilation
+    assert ctl.c is None and ctl.k == 8  # alpha only: k follows acceptance as if drafting were free
+    ctl.update(np.array([2]), None, 2, t_draft=0.002, t_target=0.01)
+    assert ctl.c == pytest.approx(0.1)
