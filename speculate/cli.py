@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["generate"]:  # its own parser: speculate generate --help
         return _generate(argv[1:])
+    if argv[:1] == ["demo"] and len(argv) > 2 and argv[1] in DEMOS and {"-h", "--help"} & set(argv[2:]):
+        return _run(argv[1], ["--help"])  # speculate demo text --help: that demo's own flags
     parser = argparse.ArgumentParser(prog="speculate", description="Exact speculative sampling.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("generate", help="generate text with speculative decoding (default: the embedded "

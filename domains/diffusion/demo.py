@@ -146,7 +146,9 @@ def demo(argv: list[str] | None = None) -> int:
                          "scored, 8 one digit at a time)")
     ap.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale (default: none)")
     ap.add_argument("--single", type=int, default=None, help="single-digit runs timed (default 3, quick 1)")
-    ap.add_argument("--out", default="speculate_digits.png", help="the PNG to write (default ./speculate_digits.png)")
+    ap.add_argument("--out", default="speculate_digits.png",
+                    help="the PNG to write (default: speculate_digits.png in the working directory; its full path is "
+                         "printed)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     B = args.samples or (10 if args.quick else 20)
@@ -194,7 +196,7 @@ def demo(argv: list[str] | None = None) -> int:
         print("     k      " + " ".join(f"{b[2]:9.1f}" for b in bands))
         how = save_side_by_side(args.out, grid(plain.x), grid(spec.x),
                                 (f"plain: {T} target calls", f"speculative: {s.target_calls} target calls"))
-        print(f"   wrote {args.out} (plain left, speculative right; {how})")
+        print(f"   wrote {Path(args.out).resolve()} (plain left, speculative right; {how})")
 
         if single:
             one = dict(labels=[3], **{k_: v for k_, v in guide.items() if k_ != "labels"})

@@ -18,8 +18,15 @@ runs the exact batched decoding of :class:`~speculate.domains.text.SpeculativeGe
 with ``pad_token_id``; with ``return_dict_in_generate=True`` a ``GenerateDecoderOnlyOutput``
 (``sequences`` only). Extra keyword arguments of ``generate()`` read here: ``draft=`` (instead of
 ``assistant_model``: a model, ``"ngram"`` or ``"early-exit:N"``; default ``"ngram"``),
-``lookahead=`` (default ``"auto"``), ``verify=`` (default ``"block"``) and ``rng=`` (a seed;
-default: drawn from torch's generator, so ``torch.manual_seed`` makes runs repeatable).
+``lookahead=`` (default 4), ``cost_ratio=`` (the draft's cost per step relative to the target's,
+for ``lookahead="auto"``), ``verify=`` (default ``"block"``) and ``rng=`` (a seed; default: drawn
+from torch's generator). What repeats: with the same seed (``rng=``, or ``torch.manual_seed``
+before the call) and a fixed ``lookahead`` or ``lookahead="auto"`` with ``cost_ratio=``, the same
+tokens; ``lookahead="auto"`` without ``cost_ratio`` picks each round's lookahead from measured
+timings, so its tokens follow the same law but differ from run to run.
+
+Beam search (``num_beams > 1``) is not sampling from the model's law and is refused, as are
+``output_scores`` / ``output_logits`` / attentions / hidden states, before any work.
 
 The processors are applied per row to its unpadded prefix (:mod:`~speculate.domains.text.processors`):
 prefix-free settings, the repetition penalty (which plain ``generate()`` also applies without the
@@ -58,15 +65,16 @@ _WARPERS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "
 _GENERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _generator(model: Any, draft: Any, lookahead: Any, verify: str) -> SpeculativeGenerator:
-    """One generator per (model, draft, lookahead, verify), kept while the model lives (the model
-    checks run once)."""
+def _generator(model: Any, draft: Any, lookahead: Any, verify: str,
+               cost_ratio: float | None = None) -> SpeculativeGenerator:
+    """One generator per (model, draft, lookahead, verify, cost_ratio), kept while the model lives
+    (the model checks run once)."""
     per = _GENERATORS.setdefault(model, {})
-    key = (id(draft) if not isinstance(draft, str) else draft, lookahead, verify)
+    key = (id(draft) if not isinstance(draft, str) else draft, lookahead, verify, cost_ratio)
     hit = per.get(key)
     if hit is not None and (hit[0] is draft or isinstance(draft, str)):
         return hit[1]
-    gen = SpeculativeGenerator(model, draft, lookahead=lookahead, verify=verify)
+    gen = SpeculativeGenerator(model, draft, lookahead=lookahead, verify=verify, cost_ratio=cost_ratio)
     per[key] = (draft, gen)
     return gen
 
@@ -151,7 +159,8 @@ def _generate_locals(depth: int = 8) -> dict[str, Any]:
 def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: Any = None,
                        stopping_criteria: Any = None, generation_config: Any = None,
                        synced_gpus: bool = False, streamer: Any = None, *, draft: Any = None,
-                       lookahead: int | str = "auto", verify: str = "block", rng: int | None = None,
+                       lookahead: int | str = 4, verify: str = "block", rng: int | None = None,
+                       cost_ratio: float | None = None,
                        inputs_tensor: Any = None, **model_kwargs: Any) -> Any:
     """The decoding loop of ``model.generate(..., custom_generate=speculate_decoding)`` (see the
     module docstring)."""
@@ -165,11 +174,16 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
             f"{type(model).__name__} with speech features use speculate.domains.text.SpeculativeGenerator"
             "(target, draft).generate(input_features=...)")
     gc = generation_config
+    beams = getattr(gc, "num_beams", 1) or 1
+    if beams > 1:  # generate() has already repeated every row num_beams times
+        raise ValueError(f"speculate_decoding samples (or decodes greedily) from the model's law; beam search "
+                         f"(num_beams={beams}) is not that: drop num_beams, or call generate() without "
+                         "custom_generate for beam search")
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(gc, flag, False):
             raise ValueError(f"speculate_decoding does not return {flag.removeprefix('output_')} "
                              f"({flag}=True); drop it")
-    gen = _generator(model, draft if draft is not None else "ngram", lookahead, verify)
+    gen = _generator(model, draft if draft is not None else "ngram", lookahead, verify, cost_ratio)
     B, W = input_ids.shape
     s = _settings(gc, logits_processor, W)
     mask = model_kwargs.get("attention_mask")

@@ -12,18 +12,40 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["SlotCache", "plain_weights"]
+__all__ = ["SlotCache", "modified", "plain_weights"]
 
 
 def plain_weights(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s weights all sit, materialised, on one device with nothing moving them:
-    no ``meta`` tensor and no accelerate hook (``device_map``, CPU or disk offload), so a loop may
-    read them directly. A model loaded with a ``device_map`` runs through its own forward instead,
-    whose hooks bring each layer's weights and inputs where that layer executes."""
+    """Whether a lean loop may read ``model``'s weights directly instead of calling its modules:
+    they all sit, materialised, on one device with nothing moving them (no ``meta`` tensor, no
+    accelerate hook: ``device_map``, CPU or disk offload), and nothing changes what its modules
+    compute (:func:`modified`: adapters, hooks, wrappers). Any other model runs through its own
+    forward, which applies all of them."""
     devices = {p.device for p in model.parameters()}
     if len(devices) > 1 or torch.device("meta") in devices:
         return False
-    return not any("_hf_hook" in m.__dict__ for m in model.modules())
+    return not any("_hf_hook" in m.__dict__ for m in model.modules()) and modified(model) is None
+
+
+def modified(model: torch.nn.Module) -> str | None:
+    """What makes ``model`` compute something other than its transformers modules' own code, or
+    None: a module from outside torch.nn and transformers (a PEFT / LoRA adapter layer, a custom
+    layer), a ``torch.compile`` wrapper, a forward (pre-)hook on any module or a global one, or a
+    ``forward`` replaced on an instance. A lean loop that reads the weights would skip all of them."""
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return "a global forward hook is registered"
+    for name, m in model.named_modules():
+        where = name or "(root)"
+        mod = type(m).__module__ or ""
+        if not (mod.startswith("torch.nn.") or mod.startswith("transformers.")) or mod.startswith("torch._dynamo"):
+            return f"{where} is a {type(m).__name__} from {mod} (an adapter, wrapper or custom layer)"
+        if m._forward_hooks or m._forward_pre_hooks:
+            return f"{where} has a forward hook"
+        if "forward" in m.__dict__:
+            return f"{where} has its forward replaced"
+    return None
 
 
 class SlotCache:

@@ -140,3 +140,32 @@ def test_encoder_decoders_through_generate(name):
     res = target.generate(**kw, assistant_model=draft, custom_generate=speculate_decoding,
                           return_dict_in_generate=True)
     assert type(res).__name__ == "GenerateEncoderDecoderOutput" and torch.equal(res.sequences, ref)
+
+
+def test_beam_search_is_refused_not_duplicated(models):
+    """Regression: num_beams=2 returned [4, W + G] for 2 prompts (generate() had repeated each row
+    per beam) and ran no beam search."""
+    target, draft = models
+    ids, mask = _batch(PROMPTS[:2])
+    with pytest.raises(ValueError, match=r"beam search \(num_beams=2\)"):
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, num_beams=2,
+                        do_sample=False, max_new_tokens=5, custom_generate=speculate_decoding)
+
+
+@pytest.mark.parametrize("kw", [{}, {"lookahead": "auto", "cost_ratio": 0.3}, {"lookahead": 3}])
+def test_seeded_runs_repeat(models, kw):
+    """Regression: the default lookahead was 'auto' from measured timings and no cost_ratio could be
+    given, so torch.manual_seed did not repeat a run as documented."""
+    target, draft = models
+    ids, mask = _batch(PROMPTS)
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        outs.append(target.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=12,
+                                    assistant_model=draft, custom_generate=speculate_decoding, **kw))
+    assert torch.equal(outs[0], outs[1])
+    a = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=12, rng=7,
+                        assistant_model=draft, custom_generate=speculate_decoding, **kw)
+    b = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=12, rng=7,
+                        assistant_model=draft, custom_generate=speculate_decoding, **kw)
+    assert torch.equal(a, b)

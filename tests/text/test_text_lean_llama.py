@@ -67,3 +67,45 @@ def test_reads_the_live_weights_and_dtype(make_llama):
     got = lm.forward(ids, np.zeros(1, np.int64))
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, m(input_ids=ids).logits, rtol=1e-9, atol=1e-9)
+
+
+def _draft_logits(gen, prompt):
+    """The draft's logits for ``prompt`` as the generator's draft runtime computes them."""
+    lm = gen.draft.lm
+    lm.reset(1, 32)
+    return lm.forward(torch.tensor([prompt]), np.zeros(1, np.int64))[0]
+
+
+def test_a_draft_with_an_adapter_or_a_hook_runs_its_own_forward(make_llama):
+    """Regression: the lean loop read the base weights and drafted as if a LoRA adapter injected with
+    peft, or a forward hook, were absent (max logit difference 9.86 in the report). Such a draft now
+    runs through its own forward, so the draft is the one the user built."""
+    import peft
+    from speculate.domains.text import SpeculativeGenerator
+    from speculate.domains.text.lean_cache import modified
+    target = make_llama()
+    prompt = [1, 2, 3, 4, 5]
+
+    draft = make_llama(layers=1, rng=1)
+    assert modified(draft) is None and supports(draft)
+    cfg = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    draft = peft.inject_adapter_in_model(cfg, draft).eval()
+    assert "adapter" in modified(draft) and not supports(draft)
+    gen = SpeculativeGenerator(target, draft)
+    assert not isinstance(gen.draft.lm, LeanLlama)
+    with torch.no_grad():
+        own = draft(input_ids=torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(_draft_logits(gen, prompt), own, rtol=1e-5, atol=1e-5)
+
+    hooked = make_llama(layers=1, rng=1)
+    hooked.model.layers[0].mlp.register_forward_hook(lambda m, a, out: out * 3.0)
+    assert "forward hook" in modified(hooked)
+    gen = SpeculativeGenerator(target, hooked)
+    assert not isinstance(gen.draft.lm, LeanLlama)
+    with torch.no_grad():
+        own = hooked(input_ids=torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(_draft_logits(gen, prompt), own, rtol=1e-5, atol=1e-5)
+
+    wrapped = make_llama(layers=1, rng=1)
+    wrapped.model.norm.forward = lambda x: x  # a replaced forward on an instance
+    assert "forward replaced" in modified(wrapped) and not supports(wrapped)
