@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .distributions import Categorical, Normal, as_distribution
+from .errors import add_note
 from .rounds import Proposal, Verdict, run
 from .stats import Stats
 
@@ -48,7 +49,11 @@ def _fresh_states(step: Callable) -> Callable:
     until verification, and a rejected one must still read as it was): a ``ValueError``."""
 
     def checked(state: Any, outcome: Any) -> Any:
-        new = step(state, outcome)
+        try:
+            new = step(state, outcome)
+        except Exception as err:
+            add_note(err, "raised in your step(state, outcome), the chain's transition")
+            raise
         if new is state and not isinstance(state, _IMMUTABLE):
             raise ValueError(
                 f"step returned the {type(state).__name__} it was given: chains keep every drafted state "
@@ -57,6 +62,23 @@ def _fresh_states(step: Callable) -> Callable:
         return new
 
     return checked
+
+
+def _named(fn: Callable | None, what: str) -> Callable | None:
+    """``fn`` with a note naming it on any exception it raises (the round loop's note says only the
+    phase: a step or stop called while drafting would read as "raised in propose")."""
+    if fn is None:
+        return None
+
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as err:
+            add_note(err, f"raised in your {what}")
+            raise
+
+    call.batched = getattr(fn, "batched", False)  # type: ignore[attr-defined]
+    return call
 
 
 def batched(fn: Callable) -> Callable:
@@ -164,7 +186,8 @@ class _FunctionProcess:
     """
 
     def __init__(self, target, draft, step, states, stop, greedy=False):
-        self.target, self.draft, self.step, self.stop = target, draft, _fresh_states(step), stop
+        self.target, self.draft = _named(target, "target(states)"), _named(draft, "draft(state)")
+        self.step, self.stop = _fresh_states(step), _named(stop, "stop(state, outcome)")
         self.states = list(states)
         self._batched = bool(getattr(draft, "batched", False))
         self.greedy = greedy  # verify="greedy": a Categorical draft proposes its argmax

@@ -401,7 +401,7 @@ class _Scipy:
                 raise ValueError(f"{self.frozen!r}.rvs() gave shape {y.shape}, not one outcome of shape "
                                  f"{self.event_shape}")
             return y.reshape(self.event_shape)
-        return y.item() if isinstance(y, np.ndarray) and y.ndim == 0 else y
+        return plain_outcome(y)
 
     def log_prob(self, y: Any) -> float:
         return float(np.sum(self._logp(y)))
@@ -464,7 +464,7 @@ class _Torch:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(child_seed(rng))
             y = self.dist.sample()
-        return y
+        return plain_outcome(y)  # NumPy / Python, as every distribution's outcomes
 
     def log_prob(self, y: Any) -> float:
         import torch
@@ -498,6 +498,23 @@ def from_torch(dist: Any) -> Any:
         scale = base.scale.detach().double().cpu().numpy()
         return Normal(loc, np.broadcast_to(scale, loc.shape).copy(), batch_ndims=batch_ndims)
     return _Torch(dist)
+
+
+def plain_outcome(y: Any) -> Any:
+    """An outcome in the one documented form: a Python ``int`` / ``float`` for a scalar draw, a NumPy
+    array for a draw with batch or event axes (torch tensors come back as NumPy), a point mass's value
+    as it was given.
+
+    >>> plain_outcome(np.float64(1.5)), plain_outcome(np.array(2)), plain_outcome(np.zeros(2)).shape
+    (1.5, 2, (2,))
+    """
+    if (type(y).__module__ or "") == "torch" and hasattr(y, "detach"):
+        y = y.detach().cpu().numpy()
+    if isinstance(y, np.ndarray) and y.ndim == 0:
+        return y.item()
+    if isinstance(y, np.generic):
+        return y.item()
+    return y
 
 
 class PlainValueWarning(UserWarning):

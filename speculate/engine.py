@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .distributions import Categorical, as_distribution
+from .distributions import Categorical, PointMass, as_distribution, plain_outcome
 from .errors import add_note
 from .rng import as_rng
 from .verify import DEFAULT_MAX_TRIES, verify_one
@@ -69,7 +69,10 @@ def speculative_sample(
     Returns ``(y, accepted)``: ``y ~ p`` exactly; ``accepted`` tells whether ``y`` is the draft
     (probability sum(min(p, q)) = 1 - TV(p, q)). Pass ``draft=`` when the draft outcome was already
     drawn from ``q`` (it must have been, for the result to be exact); otherwise one is drawn here.
-    Batched Categorical or Normal pairs give arrays of outcomes and of acceptance flags.
+    Batched Categorical or Normal pairs give arrays of outcomes and of acceptance flags. Outcomes are
+    Python ``int`` / ``float`` for a scalar draw (a 0-d array or a torch scalar is converted), NumPy
+    arrays for draws with batch or event axes, and a point mass's value as given
+    (:func:`~speculate.distributions.plain_outcome`).
 
     >>> import speculate as sp
     >>> y, kept = sp.speculative_sample(sp.Categorical(probs=[0.6, 0.4]), sp.Categorical(probs=[0.8, 0.2]), rng=0)
@@ -82,7 +85,9 @@ def speculative_sample(
     if draft is not None and isinstance(q, Categorical):
         draft = _outcome_ids(draft)
     x = q.sample(rng) if draft is None else draft
-    return verify_one(p, q, x, rng, max_tries)
+    y, kept = verify_one(p, q, x, rng, max_tries)
+    kept = kept.item() if isinstance(kept, np.generic) else kept
+    return (y if isinstance(p, PointMass) else plain_outcome(y)), kept
 
 
 def _outcome_ids(draft: Any) -> Any:
@@ -147,11 +152,12 @@ def speculate(
         guess = q.sample(rng)
         pool = executor if executor is not None else _default_executor()
         phase = "the executor's submit(g, guess)"
-        future = pool.submit(g, guess)
+        future = pool.submit(g, guess if isinstance(q, PointMass) else plain_outcome(guess))
         phase = "f(x)"
         p = as_distribution(f(x), "f(x)")
         phase = "the verification of f_star's guess against f(x)"
         y, kept = verify_one(p, q, guess, rng, max_tries)
+        y = y if isinstance(p, PointMass) else plain_outcome(y)
         accepted = bool(np.all(kept))
         if accepted:
             phase = "g on the kept guess (run in the executor)"

@@ -64,7 +64,8 @@ from .lean_seq2seq import LeanSeq2Seq, lean_seq2seq
 from .process import TextProcess, TokenBuffer
 from .processors import Transforms
 from .progress import progress_bar
-from .runtime.pick import pick_runtime, unwrapped
+from .runtime.pick import check_materialised, pick_runtime, unwrapped
+from .runtime.transformers_api import forward_params
 from .runtime.transformers_cache import TransformersCacheModel
 from .settings import Settings, resolve
 from .streaming import StreamEvent, stream_events, streamer_feed
@@ -207,8 +208,10 @@ class SpeculativeGenerator:
         target = unwrapped(target, "target")  # a PeftModel's base model (adapters on), a compiled module's own
         if isinstance(draft, torch.nn.Module):
             draft = unwrapped(draft, "draft")
+            check_materialised(draft, "draft")
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
+        check_materialised(target, "target")
         if not isinstance(verify, str) or verify not in RULES:
             raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
         if lookahead is not None and lookahead != "auto" and (not is_int(lookahead) or lookahead < 0):
@@ -352,8 +355,8 @@ class SpeculativeGenerator:
             gib = 2.0 ** 30
             fit = int(avail[0] // max(1, total // n_rows))
             detail = ", ".join(f"{what} {b / gib:.3g} GiB" for what, b in parts)
-            fix = (f"Generate at most about {fit} rows per call, or fewer new tokens "
-                   "(max_new_tokens)" if fit >= 1 else
+            fix = (f"Pass batch_size={fit} to run the prompts in chunks of that many rows (or generate at most "
+                   f"about {fit} rows per call), or ask for fewer new tokens (max_new_tokens)" if fit >= 1 else
                    "Not even one row fits: lower max_new_tokens")
             raise CacheMemoryError(
                 f"not enough memory on {dev} for this call: {n_rows} rows of up to {capacity} "
@@ -452,6 +455,7 @@ class SpeculativeGenerator:
         :mod:`speculate.distributed` (one random stream per prompt; this generator is pickled with
         each shard: see ``speculate.distributed.generate_sharded`` to build it once per worker).
         """
+        settings = _without_token_types(settings, self.target)
         if executor is not None or shards is not None:  # hook: speculate.distributed
             if self.seq2seq:
                 raise ValueError("executor= / shards= (speculate.distributed) take decoder-only targets; "
@@ -472,7 +476,7 @@ class SpeculativeGenerator:
         s = resolve(generation_config, logits_processor=logits_processor, max_new_tokens=max_new_tokens,
                     model_config=getattr(self.target, "generation_config", None),
                     temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
-                    **_setting_kwargs(settings))
+                    **_setting_kwargs(settings, self.target))
         request = dict(input_ids=input_ids, attention_mask=attention_mask, input_features=input_features,
                        decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask)
         if batch_size is not None:
@@ -497,8 +501,10 @@ class SpeculativeGenerator:
         """:meth:`generate` as a stream: after every round, a
         :class:`~speculate.domains.text.streaming.StreamEvent` with each row's newly committed
         tokens (and their text, with a tokenizer; a character split across tokens is shown once
-        complete). The arguments are :meth:`generate`'s; they are checked at this call, the work
-        starts at the first ``next()``. Stopping early (``break``, ``close()``) releases the caches.
+        complete). The arguments are :meth:`generate`'s but ``executor``, ``shards``,
+        ``rows_per_stream``, ``batch_size`` and ``progress`` (a stream is one batch, in this process);
+        they are checked at this call, the work starts at the first ``next()``. Stopping early
+        (``break``, ``close()``) releases the caches.
 
         >>> for event in gen.stream("def fib(n):", max_new_tokens=32):      # doctest: +SKIP
         ...     print(event.texts[0], end="", flush=True)
@@ -506,7 +512,7 @@ class SpeculativeGenerator:
         s = resolve(generation_config, logits_processor=logits_processor, max_new_tokens=max_new_tokens,
                     model_config=getattr(self.target, "generation_config", None),
                     temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
-                    **_setting_kwargs(settings))
+                    **_setting_kwargs(settings, self.target))
         req = self._prepare(s, as_rng(rng), input_ids=input_ids, attention_mask=attention_mask,
                             input_features=input_features, decoder_input_ids=decoder_input_ids,
                             decoder_attention_mask=decoder_attention_mask)
@@ -673,7 +679,20 @@ _SETTINGS = ("do_sample", "min_p", "typical_p", "repetition_penalty", "no_repeat
              "min_new_tokens", "stop_strings", "num_return_sequences")
 
 
-def _setting_kwargs(given: dict[str, Any]) -> dict[str, Any]:
+def _without_token_types(given: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``given`` without ``token_type_ids`` (in ``**tokenizer(...)``: harmless for a model whose forward
+    does not read them; refused for one that does, since they change its logits and are not passed)."""
+    if "token_type_ids" not in given:
+        return given
+    if "token_type_ids" in forward_params(model):
+        raise ValueError(f"{type(model).__name__} reads token_type_ids (they change its logits), which "
+                         "speculative decoding does not pass to it; tokenize without them "
+                         "(return_token_type_ids=False)")
+    return {k: v for k, v in given.items() if k != "token_type_ids"}
+
+
+def _setting_kwargs(given: dict[str, Any], model: Any) -> dict[str, Any]:
+    given = _without_token_types(given, model)
     bad = [k for k in given if k not in _SETTINGS]
     if bad:
         raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, bad))}; generation settings "

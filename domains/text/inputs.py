@@ -18,7 +18,7 @@ encoder input for the family.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +153,10 @@ def prompt_ids(input_ids: Any, attention_mask: Any, vocab: int,
     ``pad_token_id``, as transformers' ``generate`` infers it (the caller passes None when the pad id
     is unknown or is also an EOS id): left- or right-padded rows lose their padding; a pad id inside
     a row is a hole the mask check refuses."""
+    if isinstance(input_ids, Mapping) and "input_ids" in input_ids:
+        raise TypeError(
+            f"input_ids is a tokenizer's whole output ({type(input_ids).__name__} with keys "
+            f"{', '.join(map(repr, input_ids))}): pass it as keyword arguments, gen.generate(**batch, ...)")
     if _is_text(input_ids):
         input_ids = _tokenize(input_ids, tokenizer, attention_mask)
     elif is_chat(input_ids):  # chat messages: through the tokenizer's chat template

@@ -582,6 +582,7 @@ def _probe(model: Any, make: Any = None) -> str | None:
     with static steps for a target), or None: logits of ragged rows, a rollback and one row, each
     compared with the model's own uncached forward."""
     make = make or CachedModel
+    where = getattr(make, "what", "speculate's position-indexed KV cache")  # the runtime, for messages
     name = type(model).__name__
     n_pos = max_positions(model)
     if n_pos is not None and n_pos < 12:
@@ -619,7 +620,7 @@ def _probe(model: Any, make: Any = None) -> str | None:
             ref = [model(input_ids=s[None].to(dev)).logits[0].float().cpu() for s in full]
             want = [ref[2][4:7], ref[1][2:5], ref[0][5:8], ref[1][5:8], ref[0][4:7]]
     except Exception as e:  # an architecture that rejects position_ids or 4-D masks
-        return f"{name} cannot run with speculate's position-indexed KV cache: {e!r}"
+        return f"{name} cannot run with {where}: {e!r}"
     if not all(bool(torch.isfinite(w).all()) for w in want):
         raise ValueError(
             f"{name} gives logits that are not finite (NaN or inf) on a plain forward pass: its "
@@ -631,9 +632,9 @@ def _probe(model: Any, make: Any = None) -> str | None:
         err = float((gr - wr).abs().max())
         if not err <= tol * scale:
             return (
-                f"{name} gives different logits with speculate's position-indexed KV cache "
-                f"(max abs error {err:.3g}, check {r}); it probably ignores position_ids or 4-D "
-                "attention masks, which speculative decoding of ragged batches needs"
+                f"{name} gives different logits with {where} (max abs error {err:.3g}, check {r})"
+                + ("; it probably ignores position_ids or 4-D attention masks, which speculative decoding of "
+                   "ragged batches needs" if make is CachedModel else "")
             )
     return None
 

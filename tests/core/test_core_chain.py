@@ -542,3 +542,27 @@ def test_a_step_that_mutates_and_returns_its_state_is_refused():
     same = sp.chain(lambda st_: sp.Categorical(probs=np.tile([0.5, 0.5], (len(st_), 1))),
                     lambda s: sp.Categorical(probs=[0.5, 0.5]), lambda s, x: s, 7, n=5, rng=0)
     assert same.state == 7  # an int state returned unchanged is not a mutation
+
+
+def test_an_exception_in_the_users_functions_names_the_function():
+    """Regression: an exception from step or stop called while drafting was labelled only 'raised in
+    propose'; now a note names the user's function."""
+    P = np.array([[0.9, 0.1], [0.2, 0.8]])
+    tgt = lambda states: sp.Categorical(probs=P[np.array(states)])  # noqa: E731
+    drf = lambda s: sp.Categorical(probs=P[s])  # noqa: E731
+
+    def bad_step(s, x):
+        raise KeyError("boom")
+
+    def bad_stop(s, x):
+        raise ZeroDivisionError("stop")
+
+    with pytest.raises(KeyError) as e:
+        sp.chain(tgt, drf, bad_step, 0, n=5, lookahead=2, rng=0)
+    assert any("your step(state, outcome)" in n for n in e.value.__notes__)
+    with pytest.raises(ZeroDivisionError) as e:
+        sp.chain(tgt, drf, lambda s, x: x, 0, n=5, lookahead=2, rng=0, stop=bad_stop)
+    assert any("your stop(state, outcome)" in n for n in e.value.__notes__)
+    with pytest.raises(RuntimeError) as e:
+        sp.chain(tgt, lambda s: (_ for _ in ()).throw(RuntimeError("d")), lambda s, x: x, 0, n=5, rng=0)
+    assert any("your draft(state)" in n for n in e.value.__notes__)

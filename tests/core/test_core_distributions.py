@@ -242,3 +242,30 @@ def test_from_scipy_multinomial_residual_law():
     rng = np.random.default_rng(7)
     first = [int(sp.speculative_sample(p, q, rng=rng)[0][0]) for _ in range(n)]
     assert_categorical_matches(first, st.binom(5, 0.2).pmf(np.arange(6)))
+
+
+def test_outcomes_have_one_documented_type():
+    """Regression: the same kind of draw came back as a Tensor, a 0-d array, numpy scalars or an int by
+    accident. Scalar draws are Python int / float; draws with batch or event axes NumPy arrays; torch
+    distributions' samples NumPy / Python too; a point mass's value as given."""
+    torch = pytest.importorskip("torch")
+    td = torch.distributions
+    scalar = {
+        "categorical": (sp.Categorical(probs=[0.5, 0.5]), int),
+        "normal": (sp.Normal(0.0, 1.0), float),
+        "scipy norm": (sp.from_scipy(st.norm()), float),
+        "scipy poisson": (sp.from_scipy(st.poisson(3)), int),
+        "torch categorical": (sp.from_torch(td.Categorical(probs=torch.tensor([0.5, 0.5]))), int),
+        "torch gamma": (sp.from_torch(td.Gamma(torch.tensor(2.0), torch.tensor(1.0))), float),
+        "torch normal": (sp.from_torch(td.Normal(torch.tensor(0.0), torch.tensor(1.0))), float),
+    }
+    for name, (d, kind) in scalar.items():
+        y, kept = sp.speculative_sample(d, d, rng=0)
+        assert type(y) is kind and type(kept) is bool, (name, type(y), type(kept))
+        res = sp.speculate(lambda x, d=d: d, lambda x, d=d: d, lambda v: type(v), None, rng=0)
+        assert type(res.sample) is kind and res.value is kind, (name, res)
+    arrays = [sp.Categorical(probs=[[0.5, 0.5]] * 3), sp.Normal(np.zeros(2), 1.0), sp.from_scipy(st.dirichlet([1, 2])),
+              sp.from_torch(td.Dirichlet(torch.tensor([1.0, 2.0])))]
+    for d in arrays:
+        assert isinstance(sp.speculative_sample(d, d, rng=0)[0], np.ndarray), d
+    assert sp.speculative_sample(sp.PointMass((1, 2)), sp.PointMass((1, 2)), rng=0)[0] == (1, 2)

@@ -388,7 +388,26 @@ _VALUES = {
     "point_mass": lambda: sp.PointMass(1),
     "none": lambda: None,
     "empty": lambda: sp.Categorical(probs=np.zeros((0, 3))),
+    "half": lambda: _Half(),  # sample without log_prob: refused, never a point mass
+    "scipy-like": lambda: _ScipyLike(),  # rvs / logpdf: refused with from_scipy named
 }
+_HALF = ("half", "scipy-like")
+
+
+class _Half:
+    def sample(self, rng):
+        return 0
+
+    def logprob(self, y):
+        return 0.0
+
+
+class _ScipyLike:
+    def rvs(self, random_state=None):
+        return 0
+
+    def logpdf(self, y):
+        return 0.0
 
 
 class _GFailed(Exception):
@@ -440,6 +459,7 @@ def _run_speculate_case(data):
             assert calls == [], f"bad arguments noticed after {calls} ran: {err}"
         return "refused"
     assert not bad_args, "bad arguments accepted"
+    assert fk not in _HALF and sk not in _HALF, "half a distribution was taken as a value"
     assert g_kind == "ok" and res.value == ("g", repr(res.sample))
     if isinstance(_VALUES[fk](), (sp.PointMass, int, str, np.ndarray, type(None))):  # f is a point mass
         want = _VALUES[fk]()

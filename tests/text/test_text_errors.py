@@ -414,3 +414,33 @@ def test_training_mode_without_dropout_says_what_is_wrong(make_llama):
     with pytest.raises(ValueError, match=r"training mode \(\d+ module\(s\) with training=True; none drops out") as e:
         SpeculativeGenerator(m, "ngram")
     assert "random" not in str(e.value) and "call target.eval()" in str(e.value)
+
+
+def test_a_tokenizers_output_passed_whole_or_with_token_type_ids(make_llama):
+    """Regression: generate(tok(...)) positionally said 'input_ids must be a LongTensor' (now: pass it as
+    **batch); token_type_ids in **batch was an unexpected keyword (now ignored where the model's forward
+    does not read them, refused where it does: GPT-2 adds their embeddings)."""
+    from transformers import BatchEncoding
+
+    gen = SpeculativeGenerator(make_llama(), "ngram")
+    batch = BatchEncoding({"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+                           "token_type_ids": torch.zeros(1, 3, dtype=torch.long)})
+    with pytest.raises(TypeError, match=r"pass it as keyword arguments, gen\.generate\(\*\*batch"):
+        gen.generate(batch, max_new_tokens=2)
+    out = gen.generate(**batch, max_new_tokens=3, rng=0, eos_token_id=[])
+    assert out.sequences == gen.generate([[1, 2, 3]], max_new_tokens=3, rng=0, eos_token_id=[]).sequences
+    with pytest.raises(ValueError, match="reads token_type_ids"):
+        SpeculativeGenerator(_gpt2().eval(), "ngram").generate(**batch, max_new_tokens=2)
+
+
+def test_a_model_on_the_meta_device_is_refused_with_the_fix(make_llama):
+    """Regression: weights never loaded (the meta device) gave three probe failures about copying meta
+    tensors; now one message saying what is wrong and how to load them, before any forward."""
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        m = LlamaForCausalLM(make_llama().config).eval()
+    with pytest.raises(ValueError, match=r"target \(LlamaForCausalLM\) has weights on the meta device.*to_empty"):
+        SpeculativeGenerator(m, "ngram")
+    with pytest.raises(ValueError, match=r"the draft .* meta device"):
+        SpeculativeGenerator(make_llama(), m)

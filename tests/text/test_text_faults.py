@@ -182,8 +182,10 @@ def test_the_memory_check_compares_the_estimate_with_what_is_available(make_llam
     cap, spare = L + n, min(3, n) + 2
     total = cache_bytes(target, B, cap + spare) + cache_bytes(draft, B, cap + spare) + B * cap * 8
     monkeypatch.setattr(text_api, "available_memory", lambda dev: (total - 1, "a test"))
-    with pytest.raises(CacheMemoryError, match=r"Generate at most about 39 rows per call"):
+    with pytest.raises(CacheMemoryError, match=r"Pass batch_size=39 .* about 39 rows per call"):
         gen.generate([[1, 2, 3, 4, 5, 6]] * B, max_new_tokens=n)
+    # the fix it names works: the same call in chunks of 39 rows
+    assert len(gen.generate([[1, 2, 3, 4, 5, 6]] * B, max_new_tokens=n, batch_size=39).sequences) == B
     monkeypatch.setattr(text_api, "available_memory", lambda dev: (total, "a test"))
     assert len(gen.generate([[1, 2, 3, 4, 5, 6]] * B, max_new_tokens=n).sequences) == B
     monkeypatch.setattr(text_api, "available_memory", lambda dev: None)  # unknown: no check

@@ -34,6 +34,7 @@ from speculate.domains.text.sampling import SamplingConfig, probabilities
 
 N_POSITIONS = 20  # the GPT-2 target's learned positions
 WINDOW = 5  # the Mistral target's sliding window: most requests cross it
+PAD = 12  # the targets' pad_token_id (outside their 12 ids): "left, no mask" prompts are padded with it
 
 
 @functools.cache
@@ -106,7 +107,7 @@ def requests(draw, bad: bool):
     top_p = draw(st.one_of(st.none(), st.just(1.0), st.floats(1e-9, 1.0, exclude_min=True)))
     eos = draw(st.one_of(st.none(), st.just([]), st.integers(0, V - 1),
                          st.lists(st.integers(0, V - 1), min_size=1, max_size=3)))
-    layout = draw(st.sampled_from(["lists", "left", "right", "int32", "numpy-uint8", "flat"]))
+    layout = draw(st.sampled_from(["lists", "left", "right", "int32", "numpy-uint8", "flat", "left, no mask"]))
     if layout == "flat" and B > 1:
         layout = "lists"
     if target in LIMITED:  # keep the lengths inside the limit (unless made too long below)
@@ -119,7 +120,7 @@ def requests(draw, bad: bool):
             "nested", "mask hole", "mask value", "mask shape", "eos too large", "eos float",
             "max_new_tokens negative", "max_new_tokens float", "temperature negative",
             "temperature nan", "temperature inf", "top_k 0", "top_p 0", "top_p > 1",
-            "greedy rule, T > 0", "too long", "rng"]))
+            "greedy rule, T > 0", "too long", "rng", "batch encoding"]))
         wrong.append(what)
         r = draw(st.integers(0, B - 1))
         if what == "no rows":
@@ -127,10 +128,10 @@ def requests(draw, bad: bool):
         elif what == "empty prompt":
             prompts[r] = []
         elif what == "id too large":
-            prompts[r][draw(st.integers(0, len(prompts[r]) - 1))] = draw(st.integers(V, 10**6))
+            prompts[r][draw(st.integers(0, len(prompts[r]) - 1))] = draw(st.integers(PAD + 1, 10**6))  # PAD pads
         elif what == "negative id":
             prompts[r][draw(st.integers(0, len(prompts[r]) - 1))] = draw(st.integers(-10**6, -1))
-        elif what in ("float ids", "bool ids", "text", "nested"):
+        elif what in ("float ids", "bool ids", "text", "nested", "batch encoding"):
             layout = what
         elif what.startswith("mask"):
             layout = what
@@ -181,6 +182,12 @@ def _layout(prompts, layout):
     lmask = [[0] * (L - len(p)) + [1] * len(p) for p in prompts]
     if layout == "left":
         return torch.tensor(left), torch.tensor(lmask)
+    if layout == "left, no mask":  # padded with PAD (the targets' pad_token_id): the mask is inferred
+        return torch.tensor([[PAD] * (L - len(p)) + p for p in prompts]), None
+    if layout == "batch encoding":  # a tokenizer's whole output passed as input_ids
+        from transformers import BatchEncoding
+
+        return BatchEncoding({"input_ids": torch.tensor(left), "attention_mask": torch.tensor(lmask)}), None
     if layout == "right":
         return (torch.tensor([p + [0] * (L - len(p)) for p in prompts]),
                 torch.tensor([[1] * len(p) + [0] * (L - len(p)) for p in prompts]))
@@ -210,6 +217,7 @@ def _layout(prompts, layout):
 
 def _generator(target_name, gen_kw):
     m = _models()
+    m[target_name].generation_config.pad_token_id = PAD  # outside the vocabulary: never a prompt token
     kw = dict(gen_kw)
     draft = kw.pop("draft")
     return SpeculativeGenerator(m[target_name], m.get(draft, draft), **kw)

@@ -13,7 +13,7 @@ from ..lean_llama import lean_model
 from .transformers_api import version_note
 from .transformers_cache import MODES, TransformersCacheModel
 
-__all__ = ["FallbackWarning", "fast_path_refusal", "pick_runtime", "unwrapped"]
+__all__ = ["FallbackWarning", "check_materialised", "fast_path_refusal", "pick_runtime", "unwrapped"]
 
 
 class FallbackWarning(UserWarning):
@@ -44,12 +44,24 @@ def fast_path_refusal(model: Any) -> str | None:
     return remembered(model, "cache", lambda: _probe(model))
 
 
+def check_materialised(model: Any, role: str = "model") -> None:
+    """Refuse a model whose weights are on the ``meta`` device with nothing to bring them (no
+    accelerate hook: not an offloaded ``device_map`` model), before any work."""
+    meta = next((n for n, p in model.named_parameters() if p.device.type == "meta"), None)
+    if meta is not None and not any("_hf_hook" in m.__dict__ for m in model.modules()):
+        raise ValueError(
+            f"the {role} ({type(model).__name__}) has weights on the meta device (e.g. {meta}): they were "
+            "never loaded. Load real weights: from_pretrained(...) without device='meta', or "
+            "model.to_empty(device=...) followed by load_state_dict(...)")
+
+
 def pick_runtime(model: Any, role: str = "model", lean: bool = False) -> Any:
     """The runtime that decodes ``model`` (the ``role`` names it in messages): ``LeanLlama`` (with
     ``lean``, for a plain Llama) or :class:`CachedModel` when the position-indexed cache's probe
     accepts the model; else :class:`TransformersCacheModel` when its own probe (the same ragged rows
     and rollback against the uncached forward) passes, with a :class:`FallbackWarning`; else
     ``ValueError`` with both reasons. A model in training mode is refused first."""
+    check_materialised(model, role)
     check_eval_mode(model, role)
     why = fast_path_refusal(model)
     if why is None:
@@ -57,6 +69,7 @@ def pick_runtime(model: Any, role: str = "model", lean: bool = False) -> Any:
     refusals = []
     for mode in MODES:  # transformers' cache, else no cache at all (recurrent and custom caches)
         make = partial(TransformersCacheModel, mode=mode)
+        make.what = f"transformers' own cache ({mode} mode)"  # type: ignore[attr-defined]
         why_not = remembered(model, f"fallback-{mode}", lambda make=make: _probe(model, make))
         if why_not is None:
             break
