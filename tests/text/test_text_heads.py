@@ -123,7 +123,7 @@ def test_training_mode_target_is_refused():
 # ------------------------------------------------------------------------- the feature cache
 
 
-def setup(seed: int = 0):
+def draft_case(seed: int = 0):  # not named setup: pytest < 8.1 calls a module-level setup() itself
     target = llama(dtype=torch.float64)
     draft = scrambled(FeatureDraft.for_target(target), seed)
     g = torch.Generator().manual_seed(seed)
@@ -138,7 +138,7 @@ FORMS = ["modules", "decoding"]  # with autograd the draft runs its modules; wit
 
 @pytest.mark.parametrize("form", FORMS)
 def test_cache_column_by_column_equals_causal_forward(form):
-    draft, feats, tokens, pos = setup()
+    draft, feats, tokens, pos = draft_case()
     full, _ = draft(feats, tokens, pos)  # [2, 8, H]
     cache = draft.new_cache(batch=2, capacity=3)  # grows as columns arrive
     one = draft.new_cache(batch=1, capacity=3)  # row 1 alone, causal (visible=None)
@@ -163,7 +163,7 @@ def test_cache_column_by_column_equals_causal_forward(form):
 def test_keep_returns_those_columns_of_the_full_block(keep, slots, form):
     """``keep``: each row's chosen column of what the whole block gives (only that column queries and
     runs the MLP and head), and every column's key and value still lands in the cache."""
-    draft, feats, tokens, pos = setup(2)
+    draft, feats, tokens, pos = draft_case(2)
     prefix = 3
     start = np.array([prefix, prefix]) if slots == "one run" else np.array([prefix, prefix + 2])
     W = 5
@@ -223,7 +223,7 @@ def test_decoding_form_follows_the_weights():
     """The folded weights are rebuilt after an in-place change of a parameter (the draft's, or the
     target's token embedding), ``load_state_dict`` and ``.to(dtype)``: the decoding form always
     agrees with the modules."""
-    draft, feats, tokens, pos = setup(5)
+    draft, feats, tokens, pos = draft_case(5)
     other = scrambled(FeatureDraft.for_target(llama(dtype=torch.float64)), 6)
     p = pos[:, :4].numpy()
 
@@ -248,7 +248,7 @@ def test_decoding_form_follows_the_weights():
 
 def test_a_feature_cache_serves_one_form():
     """A cache written by one form is refused by the other (they order key entries differently)."""
-    draft, feats, tokens, pos = setup(7)
+    draft, feats, tokens, pos = draft_case(7)
     p = pos[:, :3].numpy()
     cache = draft.new_cache(2, 8)
     with torch.no_grad():
@@ -289,7 +289,7 @@ def test_tree_siblings_and_move(form):
 
 
 def _tree_siblings_and_move():
-    draft, feats, tokens, pos = setup(1)
+    draft, feats, tokens, pos = draft_case(1)
     P = 5
     cache = draft.new_cache(batch=2, capacity=P + 3)
     causal = torch.ones(P, P, dtype=torch.bool).tril().expand(2, P, P)
