@@ -87,6 +87,10 @@ class GenerationOutput:
     ``stats``: the round loop's :class:`speculate.Stats` (``acceptance_rate``, ``alpha``,
     ``tokens_per_call``, ``accepted_per_position`` (the accepted-length histogram),
     ``draft_time``, ``target_time``, ...). ``prefill_time`` and ``wall_time`` are in seconds.
+    ``logprobs[r]`` (with ``output_logprobs=True``): the natural log of the probability of each new
+    token of row ``r`` under the law it was drawn from: the target's, after every setting
+    (temperature, top-k/p, penalties, processors), as the verifier had it; at temperature 0 that law
+    is the greedy one (0.0 for every token).
     """
 
     sequences: list[list[int]]
@@ -95,6 +99,7 @@ class GenerationOutput:
     prefill_time: float
     wall_time: float
     tokenizer: Any = field(default=None, repr=False, compare=False)
+    logprobs: list[list[float]] | None = None
 
     @cached_property
     def texts(self) -> list[str]:
@@ -407,6 +412,7 @@ class SpeculativeGenerator:
         streamer: Any = None,
         batch_size: int | None = None,
         progress: bool | None = None,
+        output_logprobs: bool = False,
         **settings: Any,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` per row; each row stops at its first EOS.
@@ -451,6 +457,10 @@ class SpeculativeGenerator:
         installed; ``progress`` True / False forces it on / off). :meth:`stream` yields the tokens
         as they are accepted.
 
+        ``output_logprobs=True``: ``out.logprobs``, each new token's log-probability under the law it
+        was drawn from (the target's after every setting; known at verification, so free of extra
+        forward passes).
+
         ``executor`` / ``shards`` (either one): the seed-stable sharded run of
         :mod:`speculate.distributed` (one random stream per prompt; this generator is pickled with
         each shard: see ``speculate.distributed.generate_sharded`` to build it once per worker).
@@ -461,7 +471,8 @@ class SpeculativeGenerator:
                 raise ValueError("executor= / shards= (speculate.distributed) take decoder-only targets; "
                                  f"{type(self.target).__name__} is an encoder-decoder")
             extra = [n for n, v in (("generation_config", generation_config), ("logits_processor", logits_processor),
-                                    ("streamer", streamer), ("batch_size", batch_size)) if v is not None]
+                                    ("streamer", streamer), ("batch_size", batch_size),
+                                    ("output_logprobs", output_logprobs or None)) if v is not None]
             if extra or settings:
                 raise ValueError(f"executor= / shards= take only temperature, top_k, top_p and eos_token_id; "
                                  f"drop {', '.join([*extra, *settings])}")
@@ -479,9 +490,11 @@ class SpeculativeGenerator:
                     **_setting_kwargs(settings, self.target))
         request = dict(input_ids=input_ids, attention_mask=attention_mask, input_features=input_features,
                        decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask)
+        if output_logprobs not in (True, False):
+            raise ValueError(f"output_logprobs must be True or False, got {output_logprobs!r}")
         if batch_size is not None:
-            return self._generate_chunks(request, s, rng, streamer, batch_size, progress)
-        req = self._prepare(s, as_rng(rng), **request)
+            return self._generate_chunks(request, s, rng, streamer, batch_size, progress, output_logprobs)
+        req = self._prepare(s, as_rng(rng), **request, logprobs=output_logprobs)
         feed = streamer_feed(streamer, req.tokens, self.tokenizer) if streamer is not None else None
         try:
             for event in self._events(req):
@@ -520,7 +533,7 @@ class SpeculativeGenerator:
         return stream_events(self._events(req), req.tokens, self.tokenizer, feed)
 
     def _generate_chunks(self, request: dict[str, Any], s: Settings, rng: Any, streamer: Any,
-                         batch_size: int, progress: bool | None) -> GenerationOutput:
+                         batch_size: int, progress: bool | None, logprobs: bool = False) -> GenerationOutput:
         """:meth:`generate` over chunks of ``batch_size`` prompts, one random stream for all."""
         if not is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -536,7 +549,7 @@ class SpeculativeGenerator:
         with progress_bar(len(prompts), "generate", enabled=progress, unit="prompt") as bar:
             for i in range(0, len(prompts), batch_size):
                 chunk = [p.tolist() for p in prompts[i : i + batch_size]]
-                req = self._prepare(s, rng, input_ids=chunk)
+                req = self._prepare(s, rng, input_ids=chunk, logprobs=logprobs)
                 for _ in self._events(req):
                     pass
                 outs.append(self._output(req))
@@ -545,7 +558,8 @@ class SpeculativeGenerator:
             sequences=[q for o in outs for q in o.sequences],
             prompt_lengths=[n for o in outs for n in o.prompt_lengths],
             stats=Stats.merge([o.stats for o in outs]), prefill_time=sum(o.prefill_time for o in outs),
-            wall_time=time.perf_counter() - t0, tokenizer=self.tokenizer)
+            wall_time=time.perf_counter() - t0, tokenizer=self.tokenizer,
+            logprobs=[x for o in outs for x in o.logprobs] if logprobs else None)
 
     def _pad_id(self) -> int | None:
         """The pad id to infer a missing ``attention_mask`` from (transformers' rule): the target's
@@ -564,7 +578,7 @@ class SpeculativeGenerator:
 
     def _prepare(self, s: Settings, rng: np.random.Generator, *, input_ids: Any = None, attention_mask: Any = None,
                  input_features: Any = None, decoder_input_ids: Any = None,
-                 decoder_attention_mask: Any = None) -> _Request:
+                 decoder_attention_mask: Any = None, logprobs: bool = False) -> _Request:
         """Check a request and build its process (nothing allocated yet)."""
         t_start = time.perf_counter()
         cfg = s.sampling
@@ -618,7 +632,7 @@ class SpeculativeGenerator:
                      else execution_device(self.target).type == "cuda")
         process = TextProcess(target=self._target_lm, draft=self.draft, tokens=tokens, cfg=transforms,
                               eos=eos, vocab=self.vocab, stop=stop, on_device=on_device,
-                              encode=None if enc is None else self._encoders(enc))
+                              encode=None if enc is None else self._encoders(enc), want_logprobs=logprobs)
         return _Request(process, tokens, [len(p) for p in prompts], n_new, verify, rng, spare, Stats(), t_start)
 
     def _events(self, req: _Request) -> Iterator[Round]:
@@ -654,9 +668,15 @@ class SpeculativeGenerator:
     def _output(self, req: _Request) -> GenerationOutput:
         t = req.tokens
         seqs = [t.ids[r, : t.n[r]].tolist() for r in range(len(req.prompt_lengths))]
+        lp = None
+        if req.process.want_logprobs:
+            got = req.process.logprobs
+            lp = [[] if got is None else got[r, p : t.n[r]].astype(float).tolist()
+                  for r, p in enumerate(req.prompt_lengths)]
         return GenerationOutput(sequences=seqs, prompt_lengths=req.prompt_lengths, stats=req.stats,
                                 prefill_time=req.process.prefill_time,
-                                wall_time=time.perf_counter() - req.t_start, tokenizer=self.tokenizer)
+                                wall_time=time.perf_counter() - req.t_start, tokenizer=self.tokenizer,
+                                logprobs=lp)
 
 
 #: makes the running check and set of :meth:`SpeculativeGenerator._enter` one step across threads

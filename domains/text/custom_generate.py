@@ -182,7 +182,8 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(gc, flag, False):
             raise ValueError(f"speculate_decoding does not return {flag.removeprefix('output_')} "
-                             f"({flag}=True); drop it")
+                             f"({flag}=True); drop it (SpeculativeGenerator.generate(output_logprobs=True) "
+                             "gives each new token's log-probability under the target's processed law)")
     gen = _generator(model, draft if draft is not None else "ngram", lookahead, verify, cost_ratio)
     B, W = input_ids.shape
     s = _settings(gc, logits_processor, W)

@@ -127,10 +127,11 @@ def _check_logits(logits: torch.Tensor, rows: np.ndarray) -> None:
 class _Round:
     """One round's state (the proposal's context): the draft's, then what ``score`` fed the target."""
 
-    __slots__ = ("draft", "features", "fed", "pending")
+    __slots__ = ("draft", "features", "fed", "p", "pending")
 
     def __init__(self, draft: Any) -> None:
         self.draft = draft  # the draft's round state (Drafted.state)
+        self.p: Any = None  # [R, k+1 or N+1, V]: the target's law at each scored position (logprobs only)
         self.pending: Any = None  # int64 [R]: committed tokens the target's cache lacked (fed first)
         self.fed: Any = None  # int64 [R]: drafted tokens fed to the target after them
         self.features: Any = None  # [R, W, H]: the target's features, for drafts that read them
@@ -160,6 +161,8 @@ class TextProcess:
     live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows in the caches
     stop: Any = None  # Callable: stop strings (see the class docstring)
     on_device: bool = False  # chains verified where the logits are (speculate.verify.device)
+    want_logprobs: bool = False  # keep each committed token's log-probability in ``logprobs``
+    logprobs: Any = None  # float32 [B, capacity] (NaN where no token was generated): with want_logprobs
 
     def __post_init__(self) -> None:
         self.cfg = as_transforms(self.cfg)
@@ -173,6 +176,8 @@ class TextProcess:
         B = len(self.tokens.n)
         capacity = self.tokens.ids.shape[1]
         self.live = np.arange(B, dtype=np.int64)
+        if self.want_logprobs:
+            self.logprobs = np.full((B, capacity), np.nan, np.float32)
         t0 = time.perf_counter()
         if self.encode is not None:
             self.encode()
@@ -253,9 +258,12 @@ class TextProcess:
         ctx.pending, ctx.fed = P, lengths
         ctx.features = self.target.features if self.target.capture else None
         if self.on_device:  # verified where the logits are: no transfer (bad rows flagged there)
-            return DeviceCategorical(self.cfg.probs(sel, t, self.live, drafts))  # [R, k+1, V]
+            probs = self.cfg.probs(sel, t, self.live, drafts)  # [R, k+1, V]
+            ctx.p = probs if self.want_logprobs else None
+            return DeviceCategorical(probs)
         _check_logits(sel, self.live)
         p = self.cfg.probs(sel, t, self.live, drafts).cpu().numpy()  # [R, k+1, V] float32
+        ctx.p = p if self.want_logprobs else None
         return Categorical(probs=p, validate=False)
 
     def _score_tree(self, proposal: Proposal) -> Categorical:
@@ -297,6 +305,7 @@ class TextProcess:
         ctx = proposal.context
         ctx.pending = P
         ctx.features = self.target.features if self.target.capture else None
+        ctx.p = p if self.want_logprobs else None
         return Categorical(probs=p, validate=False)
 
     def commit(
@@ -317,11 +326,23 @@ class TextProcess:
             valid = cols < n_used[:, None]
         rr, cc = np.nonzero(valid)
         t.ids[rows[rr], t.n[rows][rr] + cc] = E[rr, cc]
+        ctx = proposal.context
+        if ctx.p is not None:  # each committed token's log-probability under the law it was drawn from
+            node = cc.copy()  # a chain: position j's law; a tree: the law at the node the token hangs from
+            if verdict.path is not None:
+                deep = cc > 0
+                node[deep] = np.asarray(verdict.path, np.int64)[rr[deep], cc[deep] - 1]
+            if isinstance(ctx.p, np.ndarray):
+                lp = ctx.p[rr, node, E[rr, cc]]
+            else:  # on the device: one gather, one transfer
+                ix = [torch.as_tensor(a, device=ctx.p.device) for a in (rr, node, E[rr, cc])]
+                lp = ctx.p[ix[0], ix[1], ix[2]].float().cpu().numpy()
+            with np.errstate(divide="ignore"):
+                self.logprobs[rows[rr], t.n[rows][rr] + cc] = np.log(np.asarray(lp, np.float64))
         if self.stop is not None:  # stop strings: cut a row after the token that completes one
             n_used, hit = self.stop(rows, t.n[rows], n_used)
             done = hit if done is None else (done | hit)
         t.n[rows] += n_used
-        ctx = proposal.context
         R = len(rows)
         if verdict.path is not None or ctx.features is not None:  # chains without features need neither
             keep = np.minimum(n_accepted, np.maximum(n_used - 1, 0))  # fed drafts that stay in the caches
