@@ -181,8 +181,8 @@ def free_memory(device: str) -> None:
 
 def engine(kind: str, model):
     """The decoding object our generator runs ``model`` with, by kind (see ENGINES)."""
-    from speculate.domains.text.kv_cache import CachedModel
-    from speculate.domains.text.lean_llama import LeanLlama
+    from speculate.domains.text.runtime.kv_cache import CachedModel
+    from speculate.domains.text.runtime.lean_llama import LeanLlama
 
     if kind == "cached":
         return CachedModel(model)

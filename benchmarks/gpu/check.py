@@ -111,9 +111,9 @@ def _physics_cmd(a: argparse.Namespace, d: Path) -> list[str]:
     if a.dry_run:
         return [PY, "benchmarks/physics/bench_lj.py", "--device", a.device, "--sizes", "108", "--dts", "1e-4",
                 "--drafts", "cells:2.5", "--steps", "10", "--race-steps", "10", "--repeats", "1", "--no-plot",
-                "--out", "physics_lj_dry"]
+                "--out", str(d / "physics_lj_dry")]  # a path: report.write joins it to results/ as given
     return [PY, "benchmarks/physics/bench_lj.py", "--device", a.device, "--repeats", "2", "--no-plot",
-            "--out", "physics_lj_cuda"]
+            "--out", str(d / "physics_lj_cuda")]
 
 
 #: (name, command builder, the share of the time left it may take; the last step may take all of it)

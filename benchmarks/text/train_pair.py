@@ -320,7 +320,7 @@ def latency_ms_recurrent(model, n_new: int, prefix: int = 128, reps: int = 200) 
     the model's own ``cache_params`` (the state advances by one token per repetition, which
     does not change the work); ``n_new`` > 1 tokens as speculate's verification call, a
     ``CachedModel`` forward from the prefix's state that is never committed (a free rollback)."""
-    from speculate.domains.text.kv_cache import CachedModel
+    from speculate.domains.text.runtime.kv_cache import CachedModel
 
     ids = torch.randint(0, 256, (1, prefix), generator=torch.Generator().manual_seed(0))
     x = ids[:, :n_new]

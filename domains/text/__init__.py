@@ -11,8 +11,8 @@ from .api import GenerationOutput, SpeculativeGenerator, check_vocabularies
 from .custom_generate import speculate_decoding
 from .feature_draft import FeatureDraft, train_feature_draft
 from .heads import MedusaHeads, train_heads
-from .kv_cache import CacheMemoryError
 from .pair import load_pair
+from .runtime.kv_cache import CacheMemoryError
 from .sampling import SamplingConfig
 from .streaming import StreamEvent
 from .tokenizer import ByteTokenizer

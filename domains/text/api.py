@@ -36,7 +36,14 @@ from speculate.stats import Stats
 from speculate.verify import RULES
 
 from .drafts import ModelDraft, NgramDraft, make_draft
-from .encoder_decoder import (
+from .feature_draft import FeatureDraft
+from .head_drafts import EagleDraft, MedusaDraft
+from .heads import MedusaHeads
+from .inputs import EncoderInputs, decoder_prompts, encoder_inputs, eos_ids, ids_of, is_int, prompt_ids
+from .process import TextProcess, TokenBuffer
+from .processors import Transforms
+from .progress import progress_bar
+from .runtime.encoder_decoder import (
     CachedSeq2Seq,
     check_seq2seq,
     decoder_length_limit,
@@ -45,11 +52,7 @@ from .encoder_decoder import (
     reads_encoder,
     seq2seq_cache_bytes,
 )
-from .feature_draft import FeatureDraft
-from .head_drafts import EagleDraft, MedusaDraft
-from .heads import MedusaHeads
-from .inputs import EncoderInputs, decoder_prompts, encoder_inputs, eos_ids, ids_of, is_int, prompt_ids
-from .kv_cache import (
+from .runtime.kv_cache import (
     CachedModel,
     CacheMemoryError,
     available_memory,
@@ -59,11 +62,8 @@ from .kv_cache import (
     length_limits,
     model_vocab_size,
 )
-from .lean_llama import LeanLlama, static_target
-from .lean_seq2seq import LeanSeq2Seq, lean_seq2seq
-from .process import TextProcess, TokenBuffer
-from .processors import Transforms
-from .progress import progress_bar
+from .runtime.lean_llama import LeanLlama, static_target
+from .runtime.lean_seq2seq import LeanSeq2Seq, lean_seq2seq
 from .runtime.pick import check_materialised, pick_runtime, unwrapped
 from .runtime.transformers_api import forward_params
 from .runtime.transformers_cache import TransformersCacheModel
@@ -428,7 +428,7 @@ class SpeculativeGenerator:
         work: text without a tokenizer, non-integer ids, empty rows, ids or EOS ids outside the
         vocabulary, masks with holes or values other than 0/1, a model in training mode, a prompt
         plus ``max_new_tokens`` longer than a model's learned positions or sliding window, and
-        (:class:`~speculate.domains.text.kv_cache.CacheMemoryError`) KV caches larger than the
+        (:class:`~speculate.domains.text.runtime.kv_cache.CacheMemoryError`) KV caches larger than the
         available memory. An exception during the rounds propagates with a note naming the phase,
         round and rows; the caches are released either way.
 

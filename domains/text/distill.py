@@ -37,8 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import execution_device, model_vocab_size
 from .progress import progress_bar
+from .runtime.kv_cache import execution_device, model_vocab_size
 from .runtime.transformers_api import output_cache, state_kwarg
 
 DIVERGENCES = ("tv", "fkl", "rkl", "jsd")

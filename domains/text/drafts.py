@@ -43,7 +43,10 @@ import torch
 from speculate.distributions import Categorical
 from speculate.verify.device import DeviceCategorical, draw, upload
 
-from .encoder_decoder import (
+from .inputs import EncoderInputs
+from .process import Drafted, TokenBuffer
+from .processors import Transforms, as_transforms
+from .runtime.encoder_decoder import (
     EncoderState,
     check_seq2seq,
     decoder_layers_path,
@@ -52,11 +55,8 @@ from .encoder_decoder import (
     is_encoder_decoder,
     reads_encoder,
 )
-from .inputs import EncoderInputs
-from .kv_cache import advance_length, model_vocab_size, text_config
-from .lean_seq2seq import lean_seq2seq
-from .process import Drafted, TokenBuffer
-from .processors import Transforms, as_transforms
+from .runtime.kv_cache import advance_length, model_vocab_size, text_config
+from .runtime.lean_seq2seq import lean_seq2seq
 from .runtime.pick import pick_runtime
 from .sampling import SamplingConfig
 

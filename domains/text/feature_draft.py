@@ -51,7 +51,7 @@ from .heads import (
     target_summary,
     training_data,
 )
-from .kv_cache import execution_device, text_config
+from .runtime.kv_cache import execution_device, text_config
 
 CONFIG_NAME, WEIGHTS_NAME = "feature_draft_config.json", "feature_draft.safetensors"
 

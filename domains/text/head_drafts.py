@@ -30,9 +30,9 @@ from speculate.verify import Tree
 
 from .feature_draft import FeatureDraft
 from .heads import MedusaHeads
-from .kv_cache import execution_device
 from .process import Drafted, DraftedTree, TokenBuffer
 from .processors import Transforms, as_transforms
+from .runtime.kv_cache import execution_device
 from .sampling import SamplingConfig, probabilities
 from .token_trees import DynamicTree, StaticTree, as_tree_spec, grow_tree
 

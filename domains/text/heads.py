@@ -46,8 +46,8 @@ from .distill import (
     sample_windows,
     token_stream,
 )
-from .kv_cache import check_eval_mode, execution_device, model_vocab_size, text_config
 from .progress import progress_bar
+from .runtime.kv_cache import check_eval_mode, execution_device, model_vocab_size, text_config
 
 CONFIG_NAME, WEIGHTS_NAME = "heads_config.json", "heads.safetensors"
 

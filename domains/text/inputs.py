@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .encoder_decoder import speech_encoder
+from .runtime.encoder_decoder import speech_encoder
 from .strings import chat_prompts, is_chat
 
 __all__ = ["EncoderInputs", "decoder_prompts", "encoder_inputs", "eos_ids", "ids_of", "is_int",

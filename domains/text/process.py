@@ -34,8 +34,8 @@ from speculate.verify import Tree
 from speculate.verify.device import DeviceCategorical, upload
 from speculate.verify.tree import tree_depths
 
-from .kv_cache import CachedModel, advance_length
 from .processors import Transforms, as_transforms
+from .runtime.kv_cache import CachedModel, advance_length
 from .sampling import SamplingConfig
 from .token_trees import tree_probs
 

@@ -243,7 +243,7 @@ def transcribe(model: Any, audio: Any, sampling_rate: int = SAMPLING_RATE, *, ma
     gen_cls = None
     try:
         from .api import SpeculativeGenerator as gen_cls
-        from .kv_cache import execution_device
+        from .runtime.kv_cache import execution_device
     except ImportError:  # pragma: no cover
         pass
     for i in range(0, len(waves), step):

@@ -69,7 +69,7 @@ def test_early_exit_is_first_layers_norm_and_head(make_llama):
 def test_early_exit_copies_are_checked_on_their_own(make_llama):
     """The shallow copy does not carry the target's remembered checks (a verdict on the whole model),
     and what is remembered for the copy does not land on the target."""
-    from speculate.domains.text.kv_cache import CHECKS, remembered
+    from speculate.domains.text.runtime.kv_cache import CHECKS, remembered
 
     target = make_llama(layers=3, dtype=torch.float64)
     remembered(target, "probe-test", lambda: "the target's verdict")

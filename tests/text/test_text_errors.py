@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
-from speculate.domains.text.kv_cache import CHECKS, check_model
+from speculate.domains.text.runtime.kv_cache import CHECKS, check_model
 from transformers import GPT2Config, GPT2LMHeadModel
 
 

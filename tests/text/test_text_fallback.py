@@ -22,7 +22,7 @@ import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.continuation_law import continuation_law
-from speculate.domains.text.kv_cache import CHECKS, check_model
+from speculate.domains.text.runtime.kv_cache import CHECKS, check_model
 from speculate.domains.text.runtime.pick import FallbackWarning, pick_runtime
 from speculate.domains.text.runtime.transformers_api import TESTED, installed
 from speculate.domains.text.runtime.transformers_cache import TransformersCacheModel

@@ -16,8 +16,8 @@ import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text import api as text_api
-from speculate.domains.text.kv_cache import CachedModel, CacheMemoryError, cache_bytes
-from speculate.domains.text.lean_llama import LeanLlama
+from speculate.domains.text.runtime.kv_cache import CachedModel, CacheMemoryError, cache_bytes
+from speculate.domains.text.runtime.lean_llama import LeanLlama
 
 PROMPTS = [[1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2]]
 KW = dict(max_new_tokens=24, eos_token_id=[], top_k=6, rng=5)

@@ -82,7 +82,7 @@ def test_encoder_decoders_on_cuda_and_across_devices(name, target_dev, draft_dev
     """The lean decoder loop on the GPU, and a draft that reads the target's encoder output on
     another device: greedy equals the target's own greedy decoding, for rows of different inputs."""
     from speculate.domains.text.families import family, perturbed, tiny_seq2seq
-    from speculate.domains.text.lean_seq2seq import LeanSeq2Seq
+    from speculate.domains.text.runtime.lean_seq2seq import LeanSeq2Seq
 
     target = tiny_seq2seq(family(name)).float()
     draft = perturbed(target).float().to(draft_dev)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
-from speculate.domains.text.encoder_decoder import CachedSeq2Seq, _probe, encode
 from speculate.domains.text.families import family, perturbed, tiny_seq2seq
-from speculate.domains.text.lean_seq2seq import LeanSeq2Seq, lean_seq2seq, supports
+from speculate.domains.text.runtime.encoder_decoder import CachedSeq2Seq, _probe, encode
+from speculate.domains.text.runtime.lean_seq2seq import LeanSeq2Seq, lean_seq2seq, supports
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -49,7 +49,7 @@ def _tol(model):
 def _encoder_state(model, rows: int = 2):
     g = torch.Generator().manual_seed(1)
     if isinstance(model, WhisperForCausalLM):  # reads another model's encoder output
-        from speculate.domains.text.encoder_decoder import EncoderState
+        from speculate.domains.text.runtime.encoder_decoder import EncoderState
         return EncoderState(torch.randn(rows, 5, model.config.d_model, generator=g, dtype=torch.float64), None)
     if isinstance(model, BartForConditionalGeneration):  # the second row's source is padded
         ids = torch.randint(3, model.config.vocab_size, (rows, 6), generator=g)
@@ -126,7 +126,7 @@ def test_lean_seq2seq_picks_the_lean_loop_only_where_it_applies():
 
 
 def test_a_model_that_fails_the_probe_gets_the_general_cache(monkeypatch):
-    import speculate.domains.text.lean_seq2seq as lw
+    import speculate.domains.text.runtime.lean_seq2seq as lw
 
     whisper = _whisper()
     monkeypatch.setattr(lw, "_probe", lambda model, make: "different logits")

@@ -207,7 +207,7 @@ def test_peft_and_compiled_models_run_as_the_user_built_them(make_llama):
     import peft
     import torch
     from speculate.domains.text import SpeculativeGenerator
-    from speculate.domains.text.kv_cache import CachedModel
+    from speculate.domains.text.runtime.kv_cache import CachedModel
 
     cfg = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     pm = peft.get_peft_model(make_llama(init_std=0.5), cfg).eval()

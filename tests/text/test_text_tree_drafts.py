@@ -24,7 +24,7 @@ from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.continuation_law import continuation_law
 from speculate.domains.text.feature_draft import FeatureDraft
 from speculate.domains.text.heads import MedusaHeads
-from speculate.domains.text.kv_cache import CachedModel
+from speculate.domains.text.runtime.kv_cache import CachedModel
 from speculate.domains.text.sampling import SamplingConfig
 from speculate.domains.text.token_trees import DynamicTree
 

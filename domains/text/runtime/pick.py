@@ -8,8 +8,8 @@ import warnings
 from functools import partial
 from typing import Any
 
-from ..kv_cache import CachedModel, _probe, check_eval_mode, remembered
-from ..lean_llama import lean_model
+from .kv_cache import CachedModel, _probe, check_eval_mode, remembered
+from .lean_llama import lean_model
 from .transformers_api import version_note
 from .transformers_cache import MODES, TransformersCacheModel
 
@@ -40,7 +40,7 @@ def unwrapped(model: Any, role: str = "model") -> Any:
 
 def fast_path_refusal(model: Any) -> str | None:
     """Why speculate's position-indexed cache cannot decode ``model`` (None when it can): the
-    probe of :func:`~speculate.domains.text.kv_cache.check_model`, once per model and setting."""
+    probe of :func:`~speculate.domains.text.runtime.kv_cache.check_model`, once per model and setting."""
     return remembered(model, "cache", lambda: _probe(model))
 
 

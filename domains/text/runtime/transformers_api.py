@@ -20,6 +20,11 @@ What we rely on, release by release (the text README keeps the same table):
   BART decoders' module trees; ``EncoderDecoderCache`` and ``BaseModelOutput``;
 - for recurrent layers: the Mamba, Mamba2, LFM2 and Qwen3-Next mixers' attributes and
   ``transformers.activations.ACT2FN``.
+
+Every module of this folder (``runtime/``) may touch transformers' internals; nothing outside it
+does, beyond loading, configs, tokenizers, ``forward`` and ``generate``. The one exception is
+``generate()``'s own extension point, ``custom_generate.py``, which reads ``assistant_model`` and
+``streamer`` from the ``generate()`` frame and ``generation_config._pad_token_tensor`` (5.23-5.24).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fallback runtime: a model speculate's position-indexed KV cache refuses runs through
 transformers' own cache instead (:class:`TransformersCacheModel`).
 
-It keeps the interface of :class:`~speculate.domains.text.kv_cache.CachedModel` (``reset``,
+It keeps the interface of :class:`~speculate.domains.text.runtime.kv_cache.CachedModel` (``reset``,
 ``forward``, ``keep``, ``select``, ``release``, ``ensure_capacity``, ``length``, ``capture`` /
 ``features``) with nothing but what any transformers causal LM offers: ``forward`` with a
 ``DynamicCache``, the model's own default positions and masks, no padding. Each row keeps its keys

@@ -6,7 +6,7 @@ dataclasses, hooks. For ``LlamaForCausalLM`` this module runs the model's own su
 rotary embedding, RMSNorms, q/k/v/o projections, MLP, head) around a KV cache of fixed tensors
 indexed by position (gpt-fast style): writing a token at slot ``p`` overwrites whatever a rejected
 draft left there, so rollback is just moving ``length`` back. Same interface as
-:class:`speculate.domains.text.kv_cache.CachedModel`; :func:`lean_model` picks it when the model allows.
+:class:`speculate.domains.text.runtime.kv_cache.CachedModel`; :func:`lean_model` picks it when the model allows.
 
 The logits agree with the transformers forward to float rounding (tests/text/test_text_lean_llama.py);
 exactness does not depend on it: the verifier uses the probabilities this loop computed, which

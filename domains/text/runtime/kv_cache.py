@@ -33,7 +33,7 @@ from transformers.cache_utils import DynamicLayer
 from .attention_masks import ATTENTION, RECURRENT, alibi_from_slots, layer_plan, masks, tree_masks
 from .recurrent import RecurrentLayers
 from .recurrent_mixers import find_mixers, unknown_recurrent
-from .runtime.transformers_api import cache_kwarg, execution_device, forward_params, version_note
+from .transformers_api import cache_kwarg, execution_device, forward_params, version_note
 
 __all__ = [
     "CacheMemoryError",
@@ -445,7 +445,7 @@ class CachedModel:
         A token tree (:meth:`tree_refusal` says which models take one): ``positions`` int64 ``[R, W]``
         (default: the slots) and ``see`` bool ``[R, W, W]``, column ``j`` attending to the prefix
         (slots before ``start[r]``) and to the columns ``i`` with ``see[r, j, i]``
-        (:func:`~speculate.domains.text.attention_masks.tree_masks`). With ``capture`` set, the
+        (:func:`~speculate.domains.text.runtime.attention_masks.tree_masks`). With ``capture`` set, the
         features (the output embedding's input) are kept in ``features``.
         """
         W = tokens.shape[1]

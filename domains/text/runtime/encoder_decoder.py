@@ -42,7 +42,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .attention_masks import LayerPlan, masks
 from .kv_cache import _RowLayer, _Slots, check_eval_mode, execution_device, model_vocab_size, remembered
-from .runtime.transformers_api import cache_kwarg, forward_params
+from .transformers_api import cache_kwarg, forward_params
 
 __all__ = [
     "CachedSeq2Seq",
@@ -210,7 +210,7 @@ def _at_positions(scheme: _Positions, pos: torch.Tensor) -> Iterator[None]:
 class CachedSeq2Seq:
     """A decoder with cross-attention plus its caches for a batch of rows (see the module doc).
 
-    The interface of :class:`~speculate.domains.text.kv_cache.CachedModel` (``reset``, ``forward``,
+    The interface of :class:`~speculate.domains.text.runtime.kv_cache.CachedModel` (``reset``, ``forward``,
     ``keep``, ``select``, ``release``, ``length``), plus ``encoder``: the rows'
     :class:`EncoderState`, set before :meth:`reset` (by :func:`encode`, or shared with the target for
     a draft that reads the target's encoder) and selected with the rows.
@@ -428,7 +428,7 @@ def _probe(model: Any, make: Any = None) -> str | None:
 def check_seq2seq(model: Any, role: str = "model") -> None:
     """Raise ``ValueError`` unless ``model``'s cached decoder logits (ragged rows with different
     encoder inputs, a rollback, a dropped row) equal full forward passes; once per model and
-    setting, like :func:`~speculate.domains.text.kv_cache.check_model`."""
+    setting, like :func:`~speculate.domains.text.runtime.kv_cache.check_model`."""
     check_eval_mode(model, role)
     why = remembered(model, "seq2seq", lambda: _probe(model))
     if why is not None:

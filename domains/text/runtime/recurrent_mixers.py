@@ -1,7 +1,7 @@
 """The recurrent mixers the text domain can roll back: Mamba, Mamba2, short convolutions, gated delta nets.
 
 Each class runs one kind of transformers mixer module on the module's own (live) weights, from the
-per-row state of a :class:`~speculate.domains.text.recurrent.RowState` instead of transformers'
+per-row state of a :class:`~speculate.domains.text.runtime.recurrent.RowState` instead of transformers'
 cache (whose multi-token forwards start from a zero state or from the cached one, never from a
 state inside the previous block, and run on whatever kernels are installed). A forward computes the
 projections and the causal convolution of a block in parallel, then runs the recurrence token by

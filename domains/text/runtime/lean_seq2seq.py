@@ -14,14 +14,14 @@ say: Whisper normalises before each block and after the last (pre-LN), BART afte
 (post-LN), scales its token embeddings, normalises them with the positions, offsets its position
 table by 2, adds ``final_logits_bias`` and masks padded source tokens in cross-attention.
 
-Same interface as :class:`~speculate.domains.text.encoder_decoder.CachedSeq2Seq` (``encoder`` set
+Same interface as :class:`~speculate.domains.text.runtime.encoder_decoder.CachedSeq2Seq` (``encoder`` set
 before ``reset``); :func:`lean_seq2seq` picks it when the model allows and when it gives the
-transformers forward's logits on the probe of :func:`~speculate.domains.text.encoder_decoder.check_seq2seq`
+transformers forward's logits on the probe of :func:`~speculate.domains.text.runtime.encoder_decoder.check_seq2seq`
 (ragged rows of different encoder inputs, a rollback, a dropped row), else the general cache.
 
 >>> import numpy as np, torch
 >>> from transformers import WhisperConfig, WhisperForConditionalGeneration
->>> from speculate.domains.text.encoder_decoder import encode
+>>> from speculate.domains.text.runtime.encoder_decoder import encode
 >>> cfg = WhisperConfig(vocab_size=20, d_model=16, encoder_layers=1, decoder_layers=1,
 ...                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
 ...                     decoder_ffn_dim=32, num_mel_bins=8, max_source_positions=6,
