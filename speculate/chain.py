@@ -48,12 +48,10 @@ def _fresh_states(step: Callable) -> Callable:
     changed that state in place, which corrupts the drafted paths (every drafted state is kept
     until verification, and a rejected one must still read as it was): a ``ValueError``."""
 
+    named = _named(step, "step(state, outcome), the chain's transition")
+
     def checked(state: Any, outcome: Any) -> Any:
-        try:
-            new = step(state, outcome)
-        except Exception as err:
-            add_note(err, "raised in your step(state, outcome), the chain's transition")
-            raise
+        new = named(state, outcome)
         if new is state and not isinstance(state, _IMMUTABLE):
             raise ValueError(
                 f"step returned the {type(state).__name__} it was given: chains keep every drafted state "

@@ -545,9 +545,19 @@ def _looks_like_probs(x: Any) -> bool:
         return bool(np.all(np.abs(sums - 1.0) <= _sum_tolerance(arr.dtype)))
 
 
-#: methods of a distribution-like object: one that has some of them but not both of ``sample`` and
-#: ``log_prob`` is refused rather than taken as a point mass (a typo, or scipy's rvs / logpdf)
-_DISTRIBUTION_LIKE = ("sample", "log_prob", "logprob", "log_pdf", "rvs", "logpdf", "logpmf", "pdf", "pmf", "prob")
+#: a distribution-like object's density methods: with a sampler (``sample`` or scipy's ``rvs``), or
+#: ``log_prob`` alone, an object is refused rather than taken as a point mass (a typo, scipy's names).
+#: ``sample`` alone is not enough: plain values have it too (a pandas DataFrame)
+_DENSITY_LIKE = ("log_prob", "logprob", "log_pdf", "logpdf", "logpmf", "pdf", "pmf", "prob")
+
+
+def _half_distribution(x: Any) -> list[str]:
+    """The distribution-like methods of ``x`` when it looks like a distribution that misses the
+    protocol (see :data:`_DENSITY_LIKE`), else []."""
+    has = [a for a in ("sample", "rvs", *_DENSITY_LIKE) if callable(getattr(x, a, None))]
+    density = [a for a in has if a in _DENSITY_LIKE]
+    sampler = [a for a in has if a in ("sample", "rvs")]
+    return has if (sampler and density) or "rvs" in has or "log_prob" in has else []
 
 
 def as_distribution(x: Any, who: str = "a value") -> Any:
@@ -569,7 +579,7 @@ def as_distribution(x: Any, who: str = "a value") -> Any:
         return from_scipy(x)
     if callable(getattr(x, "sample", None)) and callable(getattr(x, "log_prob", None)):
         return x
-    half = [a for a in _DISTRIBUTION_LIKE if callable(getattr(x, a, None))]
+    half = _half_distribution(x)
     if half:
         scipy_like = "rvs" in half or "logpdf" in half or "logpmf" in half
         raise TypeError(

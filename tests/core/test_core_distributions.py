@@ -269,3 +269,19 @@ def test_outcomes_have_one_documented_type():
     for d in arrays:
         assert isinstance(sp.speculative_sample(d, d, rng=0)[0], np.ndarray), d
     assert sp.speculative_sample(sp.PointMass((1, 2)), sp.PointMass((1, 2)), rng=0)[0] == (1, 2)
+
+
+def test_a_plain_value_with_a_sample_method_is_still_a_value():
+    """A value that happens to have a ``sample`` method (a pandas DataFrame) is a point mass, as
+    before; only density methods next to a sampler, ``log_prob`` alone or scipy's ``rvs`` look like
+    a distribution that misses the protocol."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"a": [1, 2]})
+    assert isinstance(as_distribution(frame), sp.PointMass)
+
+    class OnlyLogProb:
+        def log_prob(self, y):
+            return 0.0
+
+    with pytest.raises(TypeError, match="log_prob but not the distribution protocol"):
+        as_distribution(OnlyLogProb())
