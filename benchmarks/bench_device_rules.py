@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import statistics
 import subprocess
 import sys
@@ -28,14 +29,15 @@ import speculate.verify.device as after_mod
 
 def _before(rev: str):
     """``rev``'s device.py as a module, its relative imports made absolute: the rules are the
-    earlier revision's, the helpers they import (the inverse-CDF tables, the round checks) this
-    tree's."""
+    earlier revision's, the helpers they import (the inverse-CDF tables, the round checks, the
+    device tensors) this tree's."""
     src = subprocess.run(["git", "show", f"{rev}:speculate/verify/device.py"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
+    src = re.sub(r"from \.\.(\w)", r"from speculate.\1", src)  # from .._inverse_cdf, from ..device_tensors
+    src = re.sub(r"from \.(\w)", r"from speculate.verify.\1", src)  # from .one_round, .round_checks, .kernels
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "device_before.py"
-        path.write_text(src.replace("from .._inverse_cdf", "from speculate._inverse_cdf")
-                        .replace("from .one_round", "from speculate.verify.one_round"))
+        path.write_text(src)
         spec = importlib.util.spec_from_file_location("device_before", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

@@ -19,6 +19,11 @@ bit of a threshold, never in law: :func:`verify_token_device`, :func:`verify_blo
 tests/core/test_core_kernel_laws.py holds them to the rules' exact laws with the enumerator that
 checks the Numba kernels.
 
+The tensors these rules read and the helpers that move and draw them (``DeviceCategorical``,
+``upload``, ``draw``) are ``speculate/device_tensors.py``'s, re-exported here; the checks a round
+makes before a rule runs are ``round_checks.py``'s, shared with the host route (``one_round.py``,
+which routes a round here).
+
 >>> import torch
 >>> p = torch.tensor([[[0.6, 0.4], [0.5, 0.5]]], dtype=torch.float64)   # [B=1, K+1=2, V=2]
 >>> q = torch.tensor([[[0.8, 0.2]]], dtype=torch.float64)               # [B=1, K=1, V=2]
@@ -34,7 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .one_round import check_draft_laws, round_outcomes
+from ..device_tensors import DeviceCategorical, draw, upload
+from .round_checks import check_draft_laws, round_outcomes
 
 __all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "multi_device", "token_device", "upload",
            "verify_block_device", "verify_device_round", "verify_greedy_device", "verify_multi_device",
@@ -43,40 +49,11 @@ __all__ = ["DeviceCategorical", "block_device", "draw", "greedy_device", "multi_
 Tensor = torch.Tensor
 
 
-class DeviceCategorical:
-    """Categorical distributions whose probabilities ``probs`` ``[*batch, V]`` are a tensor on some
-    device: what a process hands the round loop (target scores, draft laws) so that verification
-    runs where they are (:func:`verify_device_round`), with no copy to the host."""
-
-    on_device = True  #: what the round loop looks for (it does not import torch for an isinstance check)
-
-    def __init__(self, probs: Tensor) -> None:
-        if not isinstance(probs, torch.Tensor) or probs.ndim < 1:
-            raise TypeError(f"probs must be a torch.Tensor [..., V], got {type(probs).__name__}")
-        self.probs = probs
-
-    @property
-    def batch_shape(self) -> tuple[int, ...]:
-        return tuple(self.probs.shape[:-1])
-
-    @property
-    def num_outcomes(self) -> int:
-        return int(self.probs.shape[-1])
-
-
-def upload(x: Any, device: Any) -> Tensor:
-    """``x`` (a host array or tensor) on ``device``, the copy issued with ``non_blocking=True`` (from
-    pageable memory CUDA stages the bytes before returning, so ``x`` may change afterwards) where a
-    plain ``.to(device)`` is a synchronous copy; how much host waiting this spares is what
-    ``benchmarks/gpu/host_syncs.py`` measures on a GPU (not yet run). On the CPU: ``x`` as a tensor."""
-    return torch.as_tensor(x).to(device, non_blocking=True)
-
-
 def verify_device_round(
     target: DeviceCategorical, proposal: Any, rule: str, branches: int, k: int, R: int, lengths: np.ndarray,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-    """One round of the loop (``one_round.verify_round``) on the target's device: the drafts,
+    """One round of the loop (``one_round.verify_round`` routes it here) on the target's device: the drafts,
     lengths and the round's uniforms (drawn from ``rng`` in the order of the CPU route: ``u_next``
     [R], then ``u_accept`` [R, k] or, with m = ``branches`` > 1, [R, k, m]) go to the device, and the
     accepted counts, next outcomes and branches come back in ONE transfer. With m > 1 the target
@@ -110,7 +87,7 @@ def verify_device_round(
 
 
 def _round_q(d: Any, p: Tensor, drafts: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """The draft laws ``shape`` = ``[*drafts.shape, V]`` (checked: ``one_round.check_draft_laws``) on
+    """The draft laws ``shape`` = ``[*drafts.shape, V]`` (checked: ``round_checks.check_draft_laws``) on
     ``p``'s device: point masses at the drafts (``d`` None), a DeviceCategorical's tensor or a host
     Categorical's array."""
     if d is None:  # deterministic drafts: point masses at the outcomes
@@ -126,16 +103,6 @@ def _raise_bad(ok: np.ndarray) -> None:
         b = int(np.flatnonzero(~ok.astype(bool))[0])
         raise ValueError(f"row {b}: probabilities contain NaN, inf or a negative value, a drafted outcome "
                          "has q = 0, or a row drawn from has no positive mass")
-
-
-def draw(w: Tensor, u: Tensor) -> Tensor:
-    """One outcome per row of the weights ``w`` ``[B, V]`` (>= 0, float64) by inverse CDF at the
-    uniforms ``u`` ``[B]``: the first ``j`` whose running sum exceeds ``u * total`` (never an outcome
-    of zero weight; ``u * total`` rounded up to the total gives the last outcome with weight)."""
-    c = torch.cumsum(w, dim=-1)  # [B, V]
-    j = torch.searchsorted(c, (u * c[:, -1])[:, None], right=True)[:, 0]  # [B]
-    last = w.shape[-1] - 1 - torch.argmax(torch.flip(w > 0, [-1]).to(torch.uint8), dim=-1)  # [B]
-    return torch.minimum(j, last)
 
 
 def _tiny(dtype: torch.dtype) -> float:

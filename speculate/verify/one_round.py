@@ -6,7 +6,7 @@ or, for any other distributions, to the one-step rule (``one_step.py``) position
 Multi-draft verification is the token rule with ``branches > 1`` (recursive rejection). A proposal
 whose target is a ``DeviceCategorical`` (probabilities in a tensor on an accelerator) is verified on
 that device (``device.py``; routes "token-device", "block-device", "greedy-device",
-"multi-device"). A proposal
+"multi-device"); the checks both routes make before a rule runs are ``round_checks.py``'s. A proposal
 that carries a ``tree`` (a parent array or a ``speculate.verify.Tree``) is a token tree: the token
 rule verifies it with the tree kernel (``verify_tree``; route "tree"), the greedy rule with
 ``verify_tree_greedy`` (route "tree_greedy"); see :func:`verify_tree_round`.
@@ -31,6 +31,7 @@ from .kernels import (
     verify_tree_greedy,
 )
 from .one_step import verify_one
+from .round_checks import check_draft_laws, round_outcomes
 from .tree import Tree, tree_depths
 
 RULES = ("token", "block", "greedy")  #: the verification rules; multi-draft is "token" with branches > 1
@@ -88,28 +89,6 @@ def _lengths(lengths: Any, R: int, m: int, k: int) -> np.ndarray:
     return a  # the kernels check 0 <= lengths <= k
 
 
-def round_outcomes(target: Any, proposal: Any, rule: str, m: int, k: int, R: int) -> tuple[tuple[int, ...], np.ndarray]:
-    """What every Categorical round checks before a rule runs, on the host or on a device
-    (``device.verify_device_round``): the rule takes ``m`` branches, the target scores
-    ``(R, [m,] k+1)`` states, the drafted outcomes are ``(R, [m,] k)``. Returns their shape and
-    the outcomes (zeros when k = 0)."""
-    if rule == "greedy" and m != 1:
-        raise ValueError("greedy verification takes one draft branch (branches=1)")
-    if m != 1 and rule != "token" and rule != "greedy":
-        raise ValueError(f"multi-draft (branches={m}) uses recursive rejection: pass verify='token'")
-    shape = (R, k + 1) if m == 1 else (R, m, k + 1)
-    if target.batch_shape != shape:
-        raise ValueError(
-            f"target must score {shape} states (rows, {'branches, ' if m > 1 else ''}k+1 positions) "
-            f"in one call, got a {type(target).__name__} with batch shape {target.batch_shape}"
-        )
-    oshape = (*shape[:-1], k)
-    outcomes = np.zeros(oshape, np.int64) if k == 0 else np.asarray(proposal.outcomes)
-    if outcomes.shape != oshape:
-        raise ValueError(f"drafted outcomes must have shape {oshape}, got {outcomes.shape}")
-    return oshape, outcomes
-
-
 def _categorical(target, proposal, rule, m, k, R, lengths, rng):
     oshape, outcomes = round_outcomes(target, proposal, rule, m, k, R)
     p, V = target.probs, target.num_outcomes
@@ -136,28 +115,6 @@ def _categorical(target, proposal, rule, m, k, R, lengths, rng):
         return n, nxt, np.zeros(R, np.int64), rule
     n, nxt, branch = verify_multi(p, q, outcomes, lengths, rng.random((R, k, m)), u_next, check_uniforms=False)
     return n, nxt, branch, "multi"
-
-
-def check_draft_laws(dists: Any, outcomes: np.ndarray, oshape: tuple[int, ...], V: int,
-                     on_device: bool = False) -> None:
-    """What every Categorical round checks of the draft's laws, on the host or on a device
-    (``device.verify_device_round``, where a DeviceCategorical is a law too): point-mass drafts
-    (``dists`` None) name outcomes in 0..V-1 (they index the point masses); laws are a batched
-    Categorical of ``V`` outcomes and batch shape ``oshape``. A drafted outcome outside 0..V-1 with
-    laws is the rules' to report, where they read it."""
-    if dists is None:
-        if outcomes.size and (outcomes.min() < 0 or outcomes.max() >= V):
-            raise ValueError(f"drafted outcome outside 0..{V - 1}")
-        return
-    if not (isinstance(dists, Categorical) or (on_device and getattr(dists, "on_device", False))):
-        raise ValueError(
-            f"the target is Categorical but the draft distributions are {type(dists).__name__}: "
-            "give a batched speculate.Categorical (or None for point-mass drafts)"
-        )
-    if dists.num_outcomes != V:
-        raise ValueError(f"vocabulary mismatch: target has {V} outcomes, draft has {dists.num_outcomes}")
-    if tuple(dists.batch_shape) != oshape:
-        raise ValueError(f"draft distributions must have batch shape {oshape}, got {tuple(dists.batch_shape)}")
 
 
 def _draft_probs(dists, outcomes, oshape, V, dtype):
