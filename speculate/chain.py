@@ -31,12 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from .distributed.sharding import map_shards
 from .distributions import Categorical, Normal, as_distribution
 from .errors import add_note
 from .rounds import Proposal, Verdict, run
 from .stats import Stats
 
-__all__ = ["Trajectories", "Trajectory", "batched", "chain", "chains"]
+__all__ = ["Trajectories", "Trajectory", "batched", "chain", "chains", "chains_sharded"]
 
 
 #: states a step may return unchanged (as the same object): values that cannot be changed in place
@@ -387,8 +388,6 @@ def chains(
     if stop is not None and not callable(stop):
         raise TypeError(f"chains: stop must be callable or None, got {type(stop).__name__}")
     if executor is not None or shards is not None:
-        from .distributed.runners import chains_sharded
-
         return chains_sharded(target, draft, step, states, n, executor=executor, shards=shards,
                               rows_per_stream=rows_per_stream, rng=rng, lookahead=lookahead, verify=verify,
                               branches=branches, stop=stop, max_lookahead=max_lookahead, cost_ratio=cost_ratio)
@@ -406,6 +405,39 @@ def chains(
         cost_ratio=cost_ratio,
     )
     return Trajectories(res.samples, proc.states, res.stats)
+
+
+def _chains_block(rng, states, n, target, draft, step, **kw):
+    return chains(target, draft, step, list(states), list(n), rng=rng, **kw)
+
+
+def _chains_merge(parts: list, seconds: float) -> Trajectories:
+    return Trajectories([s for p in parts for s in p.samples], [s for p in parts for s in p.states],
+                        Stats.merge(p.stats for p in parts))
+
+
+def chains_sharded(target, draft, step, states, n, *, executor=None, shards=None, rows_per_stream=1, rng=None,
+                   **kw) -> Trajectories:
+    """:func:`chains` with one random stream per chain (see :mod:`speculate.distributed`): what
+    ``chains(executor=..., shards=...)`` runs. Each stream's chains run :func:`chains` on a worker
+    (:func:`speculate.distributed.map_shards`); the parts are merged in row order, the stats summed.
+
+    >>> import numpy as np, speculate as sp
+    >>> P = np.array([[0.9, 0.1], [0.2, 0.8]])
+    >>> target = lambda states: sp.Categorical(probs=P[np.array(states)])
+    >>> draft = lambda s: sp.Categorical(probs=[[0.8, 0.2], [0.3, 0.7]][s])
+    >>> out = chains_sharded(target, draft, lambda s, x: x, [0, 1, 0], 20, lookahead=3, rng=5, shards=2)
+    >>> same = chains_sharded(target, draft, lambda s, x: x, [0, 1, 0], 20, lookahead=3, rng=5, shards=3)
+    >>> out.samples == same.samples, [len(s) for s in out.samples], out.stats.rounds == same.stats.rounds
+    (True, [20, 20, 20], True)
+    """
+    states = list(states)
+    ns = [n] * len(states) if isinstance(n, (int, np.integer)) else list(n)
+    if len(ns) != len(states):
+        raise ValueError(f"chains: n has {len(ns)} entries for {len(states)} chains")
+    return map_shards(_chains_block, {"states": states, "n": ns}, merge=_chains_merge,
+                      fixed={"target": target, "draft": draft, "step": step, **kw},
+                      rng=rng, executor=executor, shards=shards, rows_per_stream=rows_per_stream)
 
 
 def chain(

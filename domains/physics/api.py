@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from speculate.distributed.sharding import map_shards
 from speculate.errors import add_note
 from speculate.rng import as_rng
 from speculate.rounds import run
@@ -32,7 +33,7 @@ from .forces import evaluate_force, nonfinite_error, overflow_error, transition_
 from .langevin import Langevin, Recorder, check_steps, check_x0
 from .process import LangevinProcess, SimulationStats
 
-__all__ = ["Simulation", "SimulationStats", "simulate", "speculative_simulate"]
+__all__ = ["Simulation", "SimulationStats", "simulate", "simulate_sharded", "speculative_simulate"]
 
 
 @dataclass
@@ -145,6 +146,33 @@ def simulate(
     return _simulation(rec, X, stats, batched)
 
 
+def _simulate_block(rng, x0, model, n_steps, **kw):
+    return speculative_simulate(model, np.asarray(x0), n_steps, rng=rng, **kw)
+
+
+def _simulate_merge(parts: list, seconds: float) -> Simulation:
+    stats = SimulationStats.merge(p.stats for p in parts)
+    stats.wall_time = seconds
+    return Simulation(positions=np.concatenate([p.positions for p in parts]), steps=parts[0].steps.copy(),
+                      final=np.concatenate([p.final for p in parts]), stats=stats)
+
+
+def simulate_sharded(model, x0, n_steps, lookahead=8, rng=0, *, executor=None, shards=None, rows_per_stream=1,
+                     **kw) -> Simulation:
+    """:func:`speculative_simulate` with one random stream per replica (x0 ``[B, N, d]``; ``[N, d]`` is
+    one replica): what ``speculative_simulate(executor=..., shards=...)`` runs. Each stream's replicas
+    run :func:`speculative_simulate` on a worker (``speculate.distributed.map_shards``); the
+    trajectories are merged in replica order, the stats summed."""
+    X = np.asarray(x0)
+    single = X.ndim == 2
+    out = map_shards(_simulate_block, {"x0": X[None] if single else X}, merge=_simulate_merge,
+                     fixed={"model": model, "n_steps": n_steps, "lookahead": lookahead, **kw}, rng=rng,
+                     executor=executor, shards=shards, rows_per_stream=rows_per_stream)
+    if single:
+        return Simulation(positions=out.positions[0], steps=out.steps, final=out.final[0], stats=out.stats)
+    return out
+
+
 def speculative_simulate(
     model: Langevin,
     x0: Any,
@@ -194,8 +222,6 @@ def speculative_simulate(
         ((3, 51, 1, 1), True)
     """
     if executor is not None or shards is not None:
-        from speculate.distributed.runners import simulate_sharded
-
         return simulate_sharded(model, x0, n_steps, lookahead, rng, executor=executor, shards=shards,
                                 rows_per_stream=rows_per_stream, record_every=record_every,
                                 max_lookahead=max_lookahead, cost_ratio=cost_ratio)

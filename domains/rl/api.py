@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from speculate.distributed.sharding import map_shards
 from speculate.errors import add_note
 from speculate.rounds import run
 from speculate.stats import Stats
@@ -36,7 +37,8 @@ from .process import RolloutProcess, Row, env_action, env_name, own, step_env
 from .seeding import rollout_seeds
 from .snapshots import SnapshotError, snapshotter
 
-__all__ = ["Episode", "Rollouts", "rollout", "rollouts", "speculative_rollout", "speculative_rollouts"]
+__all__ = ["Episode", "Rollouts", "rollout", "rollouts", "rollouts_sharded", "speculative_rollout",
+           "speculative_rollouts"]
 
 
 @dataclass
@@ -295,8 +297,6 @@ def speculative_rollouts(
     _check_round_args(lookahead, verify, max_lookahead, cost_ratio)
     rollout_seeds(rng, 0)  # checks rng (draws nothing)
     if executor is not None or shards is not None:
-        from speculate.distributed.runners import rollouts_sharded
-
         return rollouts_sharded(envs, policy, draft, executor=executor, shards=shards, rows_per_stream=rows_per_stream,
                                 rng=rng, max_steps=max_steps, lookahead=lookahead, verify=verify,
                                 max_lookahead=max_lookahead, cost_ratio=cost_ratio)
@@ -334,6 +334,48 @@ def speculative_rollouts(
         if owned:
             for e in env_list:
                 e.close()
+
+
+def _rollouts_block(rng, envs, policy, draft, **kw):
+    return speculative_rollouts(list(envs), policy if callable(policy) else list(policy),
+                                draft if callable(draft) else list(draft), rng=rng, **kw)
+
+
+def _rollouts_merge(parts: list, seconds: float) -> Rollouts:
+    stats = Stats.merge(p.stats for p in parts)
+    episodes = [e for p in parts for e in p.episodes]
+    for e in episodes:
+        e.stats = stats
+    return Rollouts(episodes, stats)
+
+
+def rollouts_sharded(envs, policy, draft, *, executor=None, shards=None, rows_per_stream=1, rng=0, **kw) -> Rollouts:
+    """:func:`speculative_rollouts` with one random stream per environment (reset seed, actions,
+    uniforms): what ``speculative_rollouts(executor=..., shards=...)`` runs. Each stream's
+    environments run :func:`speculative_rollouts` on a worker (``speculate.distributed.map_shards``);
+    the episodes are merged in environment order, the stats summed (every episode holds the sum)."""
+    import gymnasium as gym
+
+    if isinstance(envs, gym.vector.SyncVectorEnv):
+        envs = list(envs.envs)
+    if isinstance(envs, gym.Env):
+        envs = [envs]
+    envs = list(envs)
+    if executor is not None and any(isinstance(e, gym.Env) for e in envs):
+        raise TypeError("speculative_rollouts(executor=...): give env constructors (picklable callables such as "
+                        "functools.partial(gymnasium.make, 'CartPole-v1')), not live environments: each worker "
+                        "builds its own")
+    cols: dict[str, Any] = {"envs": envs}
+    fixed: dict[str, Any] = dict(kw)
+    for name, value in (("policy", policy), ("draft", draft)):
+        if not callable(value) and isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            if len(value) != len(envs):
+                raise ValueError(f"{name}: give one callable, or a sequence of {len(envs)} (one per environment)")
+            cols[name] = list(value)
+        else:
+            fixed[name] = value
+    return map_shards(_rollouts_block, cols, merge=_rollouts_merge, fixed=fixed, rng=rng, executor=executor,
+                      shards=shards, rows_per_stream=rows_per_stream)
 
 
 def speculative_rollout(

@@ -12,7 +12,9 @@ whose worker died (Dask on worker loss, Ray with ``max_retries``).
 
 >>> import numpy as np, speculate as sp
 >>> from concurrent.futures import ThreadPoolExecutor
->>> from speculate.distributed.runners import _two_state_target as target, _two_state_draft as draft
+>>> P = np.array([[0.9, 0.1], [0.2, 0.8]])
+>>> target = lambda states: sp.Categorical(probs=P[np.array(states)])
+>>> draft = lambda s: sp.Categorical(probs=[[0.8, 0.2], [0.3, 0.7]][s])
 >>> here = sp.chains(target, draft, lambda s, x: x, [0] * 6, 30, rng=1, shards=1)   # one process
 >>> with ThreadPoolExecutor(2) as ex:
 ...     there = sp.chains(target, draft, lambda s, x: x, [0] * 6, 30, rng=1, executor=ex, shards=3)
@@ -28,11 +30,17 @@ With Dask (``pip install "speculate[distributed]"``)::
 
 With Ray: ``ray.init()``, then ``executor="ray"`` (or ``RayExecutor(max_retries=3, num_gpus=1)``);
 for a dataset of prompts, ``ds.map_batches(SpeculativeTextBatches, ...)``.
+
+This package is the generic machinery (:mod:`.sharding`, :mod:`.executors`); each public API owns its
+sharded run on top of :func:`map_shards`: ``speculate.chain.chains_sharded``,
+``speculate.domains.rl.api.rollouts_sharded``, ``speculate.domains.physics.api.simulate_sharded``.
+(The text domain's ``generate_sharded`` and ``SpeculativeTextBatches`` are still here, in runners.py
+and ray_data.py, until they move into it.)
 """
 
 from .executors import PerWorker, RayExecutor, n_workers, resolve_executor
 from .ray_data import SpeculativeTextBatches
-from .runners import chains_sharded, generate_sharded, rollouts_sharded, simulate_sharded
+from .runners import generate_sharded
 from .sharding import STREAM_KEY, map_shards, root_seed, row_streams, shard_ranges
 
 __all__ = [
@@ -40,15 +48,12 @@ __all__ = [
     "PerWorker",
     "RayExecutor",
     "SpeculativeTextBatches",
-    "chains_sharded",
     "generate_sharded",
     "map_shards",
     "n_workers",
     "resolve_executor",
-    "rollouts_sharded",
     "root_seed",
     "row_streams",
     "shard_ranges",
-    "simulate_sharded",
 ]
 
