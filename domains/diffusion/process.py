@@ -20,7 +20,10 @@ The output is distributed exactly as ``sample`` (the same chain, step by step, w
 
 The process keeps the long-lived state only (committed states, step indices, labels, the draft's
 memory, the recorded path, the stats it counts into); one round's state (drafted states, the
-target's eps and means) travels in the proposal's context, a :class:`Round`.
+target's eps and means) travels in the proposal's context, a :class:`Round`. The round's record,
+the proposal, the cuts of drafts that cannot be verified and the stats' shared counters are
+``speculate.domains.shared.gaussian_drift``'s (the physics domain's too); the denoiser's call, the
+deterministic steps, the counters by step and the error messages are this domain's.
 
 Example:
     >>> import numpy as np
@@ -36,27 +39,30 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
+from speculate.domains.shared.gaussian_drift import (
+    DriftStats,
+    Round,
+    check_drafts,
+    finite_rows,
+    propose_round,
+    score_batch,
+)
 
-from speculate import Normal, Stats
+from speculate import Normal
 from speculate.rounds import Proposal, Verdict
 
 from .denoisers import Denoiser
-from .drafts import Draft, DraftContext, col, finite_rows, step_means
+from .drafts import Draft, DraftContext, col, step_means
 from .samplers import Plan
 
 __all__ = ["DiffusionProcess", "DiffusionStats", "Round", "nonfinite_error"]
 
-FAR = 1e300
-"""A drafted step whose squared whitened distance to the target's is beyond this (or not finite) is
-not verified (its acceptance probability is 0 in float64 and the coupling's arithmetic would
-overflow): the target's step is drawn there instead."""
-
 
 @dataclass
-class DiffusionStats(Stats):
+class DiffusionStats(DriftStats):
     """The counters of a run: those of ``speculate.Stats`` and the sampler's own.
 
     ``target_calls`` counts sequential calls of the target denoiser (each call scores many states);
@@ -66,29 +72,23 @@ class DiffusionStats(Stats):
     (model time ``step_times[i]``) that were verified, kept, and rejected (the first rejected step of
     a block; the drafted steps after it were never tested), over all samples: ``acceptance_by_step``
     = kept / (kept + rejected) is the per-draft acceptance alpha_t of theory at each step, what the
-    coupling keeps with probability 2 Phi(-delta_t / 2). A plain run counts
+    coupling keeps with probability 2 Phi(-delta_t / 2). ``draft_truncations``: drafts cut short (a
+    non-finite draft, or, in score, an undefined target step or a draft too far from the target to
+    verify). ``steps`` is per sample, ``wall_time`` the seconds of the whole run. A plain run counts
     as rounds without drafts (k = 0).
     """
 
     #: Stats.merge: steps per sample, and the plan's times (a label), are not summed
     _not_summed: ClassVar[tuple[str, ...]] = ("steps", "step_times")
-    steps: int = 0  #: steps per sample (the plan's length S)
     samples: int = 0  #: B
     target_evaluations: int = 0
     draft_evaluations: int = 0
-    draft_truncations: int = 0  #: drafts cut short: a non-finite draft, or (in score) an undefined target step
-    wall_time: float = 0.0
     step_times: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     proposed_by_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     accepted_by_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     rejected_by_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     rounds_by_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  #: row-rounds starting at step i
     lookahead_by_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  #: the sum of their k
-
-    @property
-    def calls_per_step(self) -> float:
-        """Sequential target calls per denoising step (plain sampling: 1)."""
-        return self.target_calls / self.steps if self.steps else float("nan")
 
     @property
     def acceptance_by_step(self) -> np.ndarray:
@@ -104,33 +104,11 @@ class DiffusionStats(Stats):
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.lookahead_by_step / self.rounds_by_step
 
-    def extras(self) -> dict[str, Any]:
-        out = {k: v for k, v in super().extras().items() if not isinstance(v, np.ndarray)}
-        out["calls_per_step"] = self.calls_per_step
-        return out
-
     def as_dict(self) -> dict:
         out = super().as_dict()
-        out["calls_per_step"] = self.calls_per_step
         for name in ("acceptance_by_step", "lookahead_at_step"):
             out[name] = [None if np.isnan(v) else float(v) for v in getattr(self, name)]
         return out
-
-
-@dataclass
-class Round:
-    """The state of one round (``Proposal.context``): what ``propose`` drafted, and what ``score``
-    computes for ``commit``."""
-
-    S: np.ndarray  #: [R, k+1, *shape] the committed state s_0 and the drafted s_1 .. s_k
-    steps: np.ndarray  #: int64 [R, k+1] the plan index of the step that starts at s_j (clipped to S-1)
-    lengths: np.ndarray  #: int64 [R] drafted steps per row (lowered in place by score)
-    extra: Any = None  #: the draft's own (FrozenCorrection: the cheap eps at s_0 .. s_{k-1})
-    eps: np.ndarray | None = None  #: [N, *shape] the target's eps at the scored states, in row order
-    offset: np.ndarray | None = None  #: int64 [R]: where row r's s_0 sits among them (s_j at offset[r] + j)
-    M: np.ndarray | None = None  #: [R, k+1, *shape] the target's means (0 where not scored or not defined)
-    first_bad: np.ndarray | None = None  #: int [R]: the first s_j whose target step is undefined (k+1: none)
-    out: np.ndarray | None = None  #: [N, *shape] the score call's raw outputs (for error messages)
 
 
 def nonfinite_error(who: str, out: np.ndarray, t: int, sample: int) -> ValueError:
@@ -170,33 +148,25 @@ class DiffusionProcess:
                 rng: np.random.Generator) -> Proposal:
         if branches != 1:
             raise ValueError("speculative_sample drafts one branch per round (branches=1)")
-        R, shape = len(rows), self.X.shape[1:]
-        e = len(shape)
+        e = self.X.ndim - 1
         i0 = self.step[rows]
         steps = np.minimum(i0[:, None] + np.arange(k + 1)[None, :], len(self.plan.times) - 1)  # [R, k+1]
         lengths = np.minimum(np.minimum(need - 1, k), self.free[i0]).astype(np.int64)
-        S = np.empty((R, k + 1, *shape))
-        S[:, 0] = self.X[rows]
-        loc = np.empty((R, k, *shape))
         scale_q = col(self.scale[steps[:, :k]], e)  # [R, k, 1, ...]: the row's own step scales
-        noise = scale_q * rng.standard_normal(loc.shape)  # fresh every round
         labels = None if self.labels is None else self.labels[rows]
         ctx = DraftContext(self.plan, steps, labels, self.draft_fn)
         before = self.draft_fn.evaluations if self.draft_fn is not None else 0
-        extra, cuts = self.draft.propose(ctx, self.memory, rows, S, loc, noise, lengths)
+        proposal = propose_round(self.draft, ctx, self.memory, rows, self.X, lengths, scale_q, rng, self.stats)
         if self.draft_fn is not None:
             self.stats.draft_evaluations += self.draft_fn.evaluations - before
-        self.stats.draft_truncations += cuts
-        dists = Normal(loc, scale_q, batch_ndims=2, validate=False)
-        return Proposal(outcomes=S[:, 1:], dists=dists, lengths=lengths, context=Round(S, steps, lengths, extra))
+        return proposal
 
     def score(self, rows: np.ndarray, proposal: Proposal) -> Normal:
         ctx: Round = proposal.context
-        S, steps, lengths = ctx.S, ctx.steps, ctx.lengths
+        S, steps = ctx.S, ctx.steps
         R, K1 = steps.shape
         e = S.ndim - 2
-        scored = np.arange(K1)[None, :] <= lengths[:, None]  # [R, k+1]: s_0 .. s_L
-        Xb, idx = S[scored], steps[scored]  # [N, *shape] in row order
+        scored, Xb, idx = score_batch(ctx)  # [N, *shape] in row order
         labels = None if self.labels is None else np.repeat(self.labels[rows], scored.sum(axis=1))
         before = self.target.evaluations
         out, finite = self.target(Xb, self.plan.times[idx], labels)  # ONE call
@@ -206,33 +176,13 @@ class DiffusionProcess:
         ok[scored] = finite & finite_rows(mean)
         if not ok[:, 0].all():  # the committed state: needed now
             i = int(np.argmin(ok[:, 0]))
-            b = int(scored[:i].sum())
+            b = int(ctx.offset[i])
             raise nonfinite_error("the target denoiser's output", out[b], int(self.plan.times[steps[i, 0]]),
                                   int(rows[i]))
-        all_ok = bool(ok.all())
-        ctx.first_bad = np.full(R, K1) if all_ok else np.where(ok.all(axis=1), K1, np.argmin(ok, axis=1))
         M = np.zeros_like(S)
         M[scored] = mean
-        if not all_ok:
-            M[~ok] = 0.0  # placeholders: a step used only if s_j is reached, and then commit raises
-        # Drafts are verified only up to the first s_j whose target step is undefined and before a
-        # draft so far from the target that the coupling's arithmetic would overflow (kept with
-        # probability 0 anyway). Both cuts depend on s_0 .. s_j only, not on the draft of step j+1,
-        # so the chain stays exact (proofs/05: a draft's length may depend on the drafted prefix).
-        cut = np.minimum(lengths, ctx.first_bad)
-        if K1 > 1:
-            with np.errstate(over="ignore", invalid="ignore"):
-                diff = M[:, :-1] - proposal.dists.loc
-                d2 = np.square(diff, out=diff).reshape(R, K1 - 1, -1).sum(axis=2) / self.scale[steps[:, :-1]] ** 2
-            far = ~(d2 < FAR) & (np.arange(K1 - 1)[None, :] < cut[:, None])
-            if far.any():
-                cut = np.where(far.any(axis=1), np.minimum(cut, np.argmax(far, axis=1)), cut)
-        short = cut < lengths
-        if short.any():
-            self.stats.draft_truncations += int(short.sum())
-            lengths[:] = cut  # in place: the proposal's lengths, which the verifier reads
-        ctx.M, ctx.eps, ctx.out = M, eps, out
-        ctx.offset = np.concatenate([[0], np.cumsum(scored.sum(axis=1))[:-1]])  # row r's s_0 in the batch
+        ctx.out, ctx.f = out, eps
+        M = check_drafts(ctx, M, ok, proposal.dists.loc, self.scale[steps[:, :-1]], self.stats)
         return Normal(M, col(self.scale[steps], e), batch_ndims=2, validate=False)
 
     def commit(self, rows: np.ndarray, proposal: Proposal, verdict: Verdict) -> tuple[np.ndarray, None]:
@@ -272,6 +222,6 @@ class DiffusionProcess:
             rejected = n < lengths  # the verifier replaced the drafted step at position n
             self.stats.rejected_by_step += np.bincount(ctx.steps[rejected, n[rejected]], minlength=S)
         self.X[rows] = new
-        self.draft.advance(self.memory, rows, n, ctx.S, ctx.steps, ctx.eps[ctx.offset + n], ctx.extra, ctx.lengths)
+        self.draft.advance(self.memory, rows, n, ctx.S, ctx.steps, ctx.f[ctx.offset + n], ctx.extra, ctx.lengths)
         self.step[rows] += n + 1
         return n + 1, None
