@@ -9,11 +9,11 @@ import sys
 
 DEMOS = {
     "engine": "speculate.demo",
-    "text": "speculate.domains.text.demo",
+    "text": "speculate.domains.text.examples.demo",
     "rl": "speculate.domains.rl.demo",
     "physics": "speculate.domains.physics.demo",
     "image": "speculate.domains.diffusion.demo",
-    "speech": "speculate.domains.text.speech_demo",
+    "speech": "speculate.domains.text.examples.speech_demo",
 }
 DEFAULT = ["engine", "text"]
 

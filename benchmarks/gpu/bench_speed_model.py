@@ -181,8 +181,8 @@ def free_memory(device: str) -> None:
 
 def engine(kind: str, model):
     """The decoding object our generator runs ``model`` with, by kind (see ENGINES)."""
-    from speculate.domains.text.runtime.kv_cache import CachedModel
-    from speculate.domains.text.runtime.lean_llama import LeanLlama
+    from speculate.domains.text.models.kv_cache import CachedModel
+    from speculate.domains.text.models.lean_llama import LeanLlama
 
     if kind == "cached":
         return CachedModel(model)
@@ -201,7 +201,7 @@ def time_engine(kind: str, model, B: int, ctx: int, widths: list[int], args, syn
     prompt = torch.randint(0, V, (B, ctx), generator=g).to(dev)
     out = {}
     if kind == "transformers":  # plain decoding: the model's own forward and DynamicCache
-        from speculate.domains.text.runtime.transformers_api import cache_kwarg, output_cache
+        from speculate.domains.text.models.transformers_api import cache_kwarg, output_cache
 
         cache = output_cache(model.model(input_ids=prompt, use_cache=True))  # no [B, ctx, V] logits
         for W in widths:

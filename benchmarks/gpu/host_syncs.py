@@ -71,7 +71,7 @@ BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchron
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 #: the two transfers a round is expected to make: (file, a piece of the source line)
 EXPECTED = {
-    "the drafts' transfer": ("domains/text/drafts.py", "torch.stack(xs, dim=1).cpu()"),
+    "the drafts' transfer": ("domains/text/drafts/model.py", "torch.stack(xs, dim=1).cpu()"),
     "the counts' transfer": ("speculate/verify/device.py", "torch.stack([n, nxt, branch, ok.to(torch.int64)]).cpu()"),
 }
 #: source-line patterns -> the synchronising op they most likely are ("op" in the output)
@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from bench_generate import batch, prompts
     from speculate.domains.text import SpeculativeGenerator
-    from speculate.domains.text.pair import load_pair
+    from speculate.domains.text.examples.pair import load_pair
 
     t_start = time.perf_counter()
     env = machine(args.device)

@@ -2,7 +2,7 @@
 
     python benchmarks/speech/bench_speech.py
 
-The embedded speech pair (``speculate.domains.text.speech``) transcribes the held-out utterances:
+The embedded speech pair (``speculate.domains.text.examples.speech``) transcribes the held-out utterances:
 
 - plain greedy decoding, ``target.generate(input_features=...)``, at batch 1 and batch 8;
 - transformers' assisted generation with the same draft, ``generate(assistant_model=draft)``, at
@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
 from report import RESULTS, describe, machine, write  # noqa: E402
-from speculate.domains.text import SpeculativeGenerator, speech  # noqa: E402
+from speculate.domains.text import SpeculativeGenerator  # noqa: E402
+from speculate.domains.text.examples import speech  # noqa: E402
 
 from speculate import theory  # noqa: E402
 

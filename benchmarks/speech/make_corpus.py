@@ -87,7 +87,7 @@ def docstring_runs(root: Path | None = None) -> list[list[str]]:
     """Runs of consecutive clean words (letters and one inner apostrophe) of every docstring of the
     standard library's sources, lower-cased; a run breaks at sentence punctuation and at any word
     that is not clean (identifiers, numbers, markup)."""
-    from speculate.domains.text.corpus import stdlib_files, stdlib_root
+    from speculate.domains.text.examples.corpus import stdlib_files, stdlib_root
 
     base = root or stdlib_root()
     runs = []

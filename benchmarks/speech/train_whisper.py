@@ -1,10 +1,10 @@
 """Train the embedded speech pair: a small Whisper target from scratch and a distilled draft.
 
     python benchmarks/speech/make_corpus.py       # espeak-ng corpus -> scratch/speech (once)
-    python benchmarks/speech/train_whisper.py     # -> domains/text/models/speech-{target,draft,heldout}
+    python benchmarks/speech/train_whisper.py     # -> domains/text/examples/weights/speech-{target,draft,heldout}
 
 Stages: (1) train a ``WhisperForConditionalGeneration`` target (byte vocabulary of
-``ByteTokenizer``; log-mel features of ``speculate.domains.text.speech``: 80 bins, 3 s chunks) on the
+``ByteTokenizer``; log-mel features of ``speculate.domains.text.examples.speech``: 80 bins, 3 s chunks) on the
 synthesized corpus: next-byte cross-entropy with teacher forcing plus an auxiliary CTC loss on the
 encoder output (a linear head used in training only, which makes the decoder's alignment come
 sooner), SpecAugment-style time and frequency masks; (2) the draft: a ``WhisperForCausalLM`` with
@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "speech"))  # make_corpus.py
 from make_corpus import CHARSET  # noqa: E402
 from make_corpus import load as load_corpus  # noqa: E402
 from report import RESULTS, describe, machine, write  # noqa: E402
-from speculate.domains.text import speech  # noqa: E402
-from speculate.domains.text.runtime.transformers_api import cache_kwarg, output_cache  # noqa: E402
-from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
+from speculate.domains.text.examples import speech  # noqa: E402
+from speculate.domains.text.examples.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
+from speculate.domains.text.models.transformers_api import cache_kwarg, output_cache  # noqa: E402
 
 CHARS = sorted(CHARSET)  # CTC classes: 0 = blank, then these
 
@@ -371,7 +371,7 @@ def save_heldout(folder: Path, waves: list[np.ndarray], texts: list[str], meta: 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", type=Path, default=ROOT / "scratch" / "speech")
-    ap.add_argument("--out", type=Path, default=ROOT / "domains" / "text" / "models")
+    ap.add_argument("--out", type=Path, default=ROOT / "domains" / "text" / "examples" / "weights")
     ap.add_argument("--results", default="speech_train")
     ap.add_argument("--results-dir", type=Path, default=RESULTS)
     ap.add_argument("--seed", type=int, default=0)

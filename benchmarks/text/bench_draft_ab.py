@@ -35,7 +35,7 @@ def worker(batches: list[int], prompts_n: int, new_tokens: int, pair: str = "emb
     import torch
     from bench_generate import batch, pair_path, prompts
     from speculate.domains.text import SpeculativeGenerator
-    from speculate.domains.text.pair import load_pair, load_self_drafts
+    from speculate.domains.text.examples.pair import load_pair, load_self_drafts
 
     import speculate
 

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 from report import command, describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
-from speculate.domains.text.pair import load_pair  # noqa: E402
-from speculate.domains.text.runtime import pick  # noqa: E402
+from speculate.domains.text.examples.pair import load_pair  # noqa: E402
+from speculate.domains.text.models import pick  # noqa: E402
 
 
 def generator(target, draft, tok, fallback: bool) -> SpeculativeGenerator:

@@ -69,7 +69,7 @@ def load(pair: str, device: str, dtype: torch.dtype, train_missing: bool):
     """The pair's (target, draft, tokenizer); ``large`` is trained first when missing and asked."""
     import subprocess
 
-    from speculate.domains.text.pair import load_pair
+    from speculate.domains.text.examples.pair import load_pair
 
     path = pair_path(pair)
     if pair in NAMED and not (path / "draft" / "model.safetensors").is_file():
@@ -84,7 +84,7 @@ def load(pair: str, device: str, dtype: torch.dtype, train_missing: bool):
 
 def prompts(tok, n: int, n_bytes: int, seed: int) -> list[list[int]]:
     """``n`` prompts of ``n_bytes`` bytes (BOS + text) cut at line starts of held-out files."""
-    from speculate.domains.text.corpus import load_corpus
+    from speculate.domains.text.examples.corpus import load_corpus
 
     docs = [d for d in load_corpus("heldout").documents if len(d) > 4 * n_bytes]
     rng = np.random.default_rng(seed)
@@ -428,7 +428,7 @@ def _fingerprint(pair: str) -> dict:
     """SHA-256 (first 16 hex digits) of the pair's weight files, to tie results to weights."""
     import hashlib
 
-    from speculate.domains.text.pair import MODELS_DIR
+    from speculate.domains.text.examples.pair import MODELS_DIR
 
     base = pair_path(pair) or MODELS_DIR
     return {sub: hashlib.sha256((base / sub / "model.safetensors").read_bytes()).hexdigest()[:16]

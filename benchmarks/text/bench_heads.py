@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "text"))
 from bench_generate import batch, interleaved, pair_path, prompts  # noqa: E402
 from report import command, describe, machine, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
-from speculate.domains.text.pair import load_pair, load_self_drafts  # noqa: E402
+from speculate.domains.text.examples.pair import load_pair, load_self_drafts  # noqa: E402
 
 STATIC_TREE = [3, 2, 1, 1]  # 3 + 6 + 6 + 6 = 21 nodes
 WIDE_TREE = [4, 3, 2, 1]  # 4 + 12 + 24 + 24 = 64 nodes

@@ -47,10 +47,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
 from report import describe, machine, write  # noqa: E402
-from speculate.domains.text.corpus import load_corpus  # noqa: E402
-from speculate.domains.text.pair import load_pair  # noqa: E402
-from speculate.domains.text.runtime import recurrent  # noqa: E402
-from speculate.domains.text.runtime.kv_cache import CachedModel  # noqa: E402
+from speculate.domains.text.examples.corpus import load_corpus  # noqa: E402
+from speculate.domains.text.examples.pair import load_pair  # noqa: E402
+from speculate.domains.text.models import recurrent  # noqa: E402
+from speculate.domains.text.models.kv_cache import CachedModel  # noqa: E402
 
 PAIRS = {"mamba": ROOT / "benchmarks" / "text" / "models" / "mamba", "embedded": None,
          "large": ROOT / "benchmarks" / "text" / "models" / "large"}

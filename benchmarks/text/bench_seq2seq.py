@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "text"))  # bench_generate.py, trai
 from bench_generate import _pooled, interleaved, setting_section  # noqa: E402
 from report import describe, machine, relative, write  # noqa: E402
 from speculate.domains.text import SpeculativeGenerator  # noqa: E402
-from speculate.domains.text.tokenizer import PAD_ID  # noqa: E402
+from speculate.domains.text.examples.tokenizer import PAD_ID  # noqa: E402
 from train_seq2seq import OUT, collate, examples, load  # noqa: E402
 
 from speculate import theory  # noqa: E402

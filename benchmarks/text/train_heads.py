@@ -1,12 +1,12 @@
 """Train Medusa heads and an EAGLE feature draft on a frozen target (byte-level Llama).
 
-    python benchmarks/text/train_heads.py     # -> domains/text/models/target-{heads,feature-draft}
+    python benchmarks/text/train_heads.py     # -> domains/text/examples/weights/target-{heads,feature-draft}
     python benchmarks/text/train_heads.py --pair large   # -> benchmarks/text/models/large/target-...
 
 The two kinds train independently: on two cores, ``--only heads`` and ``--only draft`` can run side
 by side, each merging its part into the same results file.
 
-Both drafts live on the frozen target of ``load_pair()`` (``--pair``) (``speculate.domains.text.heads`` and
+Both drafts live on the frozen target of ``load_pair()`` (``--pair``) (``speculate.domains.text.training.heads`` and
 ``.feature_draft``) and train on random windows of the Python standard library's sources
 (``corpus.load_corpus``), the corpus the target was trained on: its continuations are close to
 the target's own, and for the same wall time corpus windows (5x cheaper than windows whose second
@@ -34,15 +34,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
 from bench_generate import pair_path  # noqa: E402  (this script's folder is on sys.path)
 from report import RESULTS, command, describe, machine, relative, write  # noqa: E402
-from speculate.domains.text.corpus import load_corpus  # noqa: E402
-from speculate.domains.text.distill import acceptance_rate, sample_continuations, sample_windows  # noqa: E402
-from speculate.domains.text.feature_draft import (  # noqa: E402
+from speculate.domains.text.examples.corpus import load_corpus  # noqa: E402
+from speculate.domains.text.examples.pair import MODELS_DIR, load_pair  # noqa: E402
+from speculate.domains.text.training.distill import acceptance_rate, sample_continuations, sample_windows  # noqa: E402
+from speculate.domains.text.training.feature_draft import (  # noqa: E402
     FeatureDraft,
     feature_draft_acceptance,
     train_feature_draft,
 )
-from speculate.domains.text.heads import MedusaHeads, expected_tokens, heads_acceptance, train_heads  # noqa: E402
-from speculate.domains.text.pair import MODELS_DIR, load_pair  # noqa: E402
+from speculate.domains.text.training.heads import MedusaHeads, expected_tokens, heads_acceptance, train_heads  # noqa: E402
 from train_pair import latency_ms  # noqa: E402  (this script's folder is on sys.path)
 
 HEADS_DIR, DRAFT_DIR = MODELS_DIR / "target-heads", MODELS_DIR / "target-feature-draft"
@@ -230,7 +230,8 @@ def markdown(r: dict) -> str:
     if "heads" in r:
         h = r["heads"]
         rows += [
-            f"## Medusa heads (`{h.get('folder', 'domains/text/models/target-heads')}`, {h['params']:,} parameters, "
+            f"## Medusa heads (`{h.get('folder', 'domains/text/examples/weights/target-heads')}`, "
+            f"{h['params']:,} parameters, "
             f"{h['folder_kb']} KB)", "",
             f"{h['n_heads']} heads of {h['n_layers']} residual block(s); {h['steps']} steps of batch "
             f"{h['batch_size']} x {h['seq_len']} bytes, lr {h['lr']}, loss {h['divergence']}, "
@@ -244,7 +245,7 @@ def markdown(r: dict) -> str:
     if "feature_draft" in r:
         d = r["feature_draft"]
         rows += [
-            f"## EAGLE feature draft (`{d.get('folder', 'domains/text/models/target-feature-draft')}`, "
+            f"## EAGLE feature draft (`{d.get('folder', 'domains/text/examples/weights/target-feature-draft')}`, "
             f"{d['params']:,} parameters, "
             f"{d['folder_kb']} KB)", "",
             f"One decoder layer ({d['n_heads']} heads, MLP {d['intermediate_size']}); {d['steps']} steps of "

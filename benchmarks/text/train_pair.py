@@ -5,7 +5,7 @@
     python benchmarks/text/train_pair.py --size mamba   # -> benchmarks/text/models/mamba (state-space)
 
 Stages: (1) train the target as a language model; (2) pre-train the draft as a language model;
-(3) distil the draft toward the target with ``speculate.domains.text.distill`` (optionally trying several
+(3) distil the draft toward the target with ``speculate.domains.text.training.distill`` (optionally trying several
 divergences from the same pre-trained draft and keeping the one that raises acceptance most);
 (4) save both in Hugging Face format (float16 where the size budget needs it), reload them from
 disk and measure what was saved: held-out loss (nats and bits per byte), acceptance
@@ -43,17 +43,17 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
 from report import RESULTS, describe, machine, relative, write  # noqa: E402
-from speculate.domains.text.corpus import load_corpus  # noqa: E402
-from speculate.domains.text.distill import (  # noqa: E402
+from speculate.domains.text.examples.corpus import load_corpus  # noqa: E402
+from speculate.domains.text.examples.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
+from speculate.domains.text.models.transformers_api import cache_kwarg, output_cache  # noqa: E402
+from speculate.domains.text.request.progress import progress_bar  # noqa: E402
+from speculate.domains.text.training.distill import (  # noqa: E402
     acceptance_rate,
     cross_entropy,
     distill,
     sample_continuations,
     sample_windows,
 )
-from speculate.domains.text.progress import progress_bar  # noqa: E402
-from speculate.domains.text.runtime.transformers_api import cache_kwarg, output_cache  # noqa: E402
-from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
 
 
 @dataclass
@@ -104,7 +104,7 @@ PRESETS = {
         distill=DistillSpec(steps=500, batch=16, prefix_len=128, continuation_len=64, lr=1e-3,
                             on_policy=1.0, divergences=("tv", "fkl")),
         max_mb=dict(target=10.0, draft=1.0),
-        out=ROOT / "domains" / "text" / "models",
+        out=ROOT / "domains" / "text" / "examples" / "weights",
         results="text_train",
     ),
     "large": dict(
@@ -320,7 +320,7 @@ def latency_ms_recurrent(model, n_new: int, prefix: int = 128, reps: int = 200) 
     the model's own ``cache_params`` (the state advances by one token per repetition, which
     does not change the work); ``n_new`` > 1 tokens as speculate's verification call, a
     ``CachedModel`` forward from the prefix's state that is never committed (a free rollback)."""
-    from speculate.domains.text.runtime.kv_cache import CachedModel
+    from speculate.domains.text.models.kv_cache import CachedModel
 
     ids = torch.randint(0, 256, (1, prefix), generator=torch.Generator().manual_seed(0))
     x = ids[:, :n_new]

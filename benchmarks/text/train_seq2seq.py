@@ -3,7 +3,7 @@
     python benchmarks/text/train_seq2seq.py            # -> benchmarks/text/models/seq2seq/{target,draft}
 
 The task ("pyglot"): translate short chunks of Python standard-library source (1-3 consecutive
-lines, 48-112 bytes, from ``speculate.domains.text.corpus``'s train / held-out files) into a
+lines, 48-112 bytes, from ``speculate.domains.text.examples.corpus``'s train / held-out files) into a
 pseudo-language by a deterministic rewrite (:func:`translate`): keywords renamed (``def`` -> ``fn``,
 ``return`` -> ``give``, ``None`` -> ``nil``, ...), identifiers from snake_case to camelCase (a leading
 underscore becomes ``~``), ``for X in Y:`` reordered to ``each Y as X {``, ``if C:`` / ``while C:`` to
@@ -12,11 +12,11 @@ underscore becomes ``~``), ``for X in Y:`` reordered to ``each Y as X {``, ``if 
 verbatim. The output is mostly a copy with local, learnable edits (so a small draft agrees with the
 target most of the time) but needs the encoder (identifiers, literals, reordering).
 
-Byte level, with ``speculate.domains.text.tokenizer.ByteTokenizer`` (259 ids; BOS = decoder start,
+Byte level, with ``speculate.domains.text.examples.tokenizer.ByteTokenizer`` (259 ids; BOS = decoder start,
 EOS ends the target). Stages: (1) train the target (BART, 3 encoder + 6 decoder layers, d 160: a
 decoder step is dominated by per-layer overhead on one CPU thread, so depth sets its cost) on the
 references; (2) train the draft (1 + 1 layers, d 64) on the references; (3) distil the draft toward
-the target: total variation (``speculate.domains.text.distill.divergence_loss``, 1 - acceptance)
+the target: total variation (``speculate.domains.text.training.distill.divergence_loss``, 1 - acceptance)
 between teacher-forced target and draft distributions on the target's own temperature-1 samples
 (``distill.distill`` is decoder-only, so this stage is a small seq2seq loop around its loss);
 (4) save both (Hugging Face format, float32), reload them and measure what was saved: held-out
@@ -45,10 +45,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
 from report import describe, machine, relative, write  # noqa: E402
-from speculate.domains.text.corpus import load_corpus  # noqa: E402
-from speculate.domains.text.distill import divergence_loss  # noqa: E402
-from speculate.domains.text.runtime.transformers_api import cache_kwarg, output_cache  # noqa: E402
-from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
+from speculate.domains.text.examples.corpus import load_corpus  # noqa: E402
+from speculate.domains.text.examples.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer  # noqa: E402
+from speculate.domains.text.models.transformers_api import cache_kwarg, output_cache  # noqa: E402
+from speculate.domains.text.training.distill import divergence_loss  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "text" / "models" / "seq2seq"
 MAX_SRC, MAX_TGT, MIN_SRC = 112, 128, 48
@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> dict:
         "draft": {"arch": "BartForConditionalGeneration", "config": asdict(DRAFT),
                   "params": n_params(draft), "train": asdict(dt), **info["draft"]},
         "distill": {**asdict(ds), "divergence": DISTILL["divergence"], "pool": len(pool),
-                    "method": "TV(p, q) per decoder state (speculate.domains.text.distill."
+                    "method": "TV(p, q) per decoder state (speculate.domains.text.training.distill."
                     "divergence_loss), teacher-forced on the target's temperature-1 samples"},
         "heldout_loss_nats_per_byte": {k: round(v, 4) for k, v in losses.items()},
         "greedy": scores,

@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace, device: str) -> tuple[Any, Any, Any]:
     import torch
 
-    from .pair import load_pair
+    from .examples.pair import load_pair
 
     if args.target is None:
         target, draft, tok = load_pair(device=device)
@@ -89,7 +89,7 @@ def _load(args: argparse.Namespace, device: str) -> tuple[Any, Any, Any]:
     try:
         tok = AutoTokenizer.from_pretrained(args.target)
     except (OSError, ValueError, KeyError):
-        from .tokenizer import ByteTokenizer
+        from .examples.tokenizer import ByteTokenizer
 
         tok = ByteTokenizer.from_pretrained(args.target)
     return target, _draft(args.draft or "ngram", device, dtype), tok
@@ -115,7 +115,7 @@ def _summary(n: int, seconds: float, stats: Any) -> str:
 
 
 def _stream(gen: Any, prompt: str, kw: dict[str, Any], color: bool) -> tuple[int, Any]:
-    from .strings import IncrementalDecoder
+    from .request.strings import IncrementalDecoder
 
     dec = IncrementalDecoder(gen.tokenizer)
     n, stats = 0, None

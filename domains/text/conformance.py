@@ -22,12 +22,44 @@ import numpy as np
 import torch
 
 from .continuation_law import continuation_law
-from .sampling import SamplingConfig
+from .request.sampling import SamplingConfig
 
-__all__ = ["DEFAULT_TV", "PROMPTS", "conformance_cases", "encoder_decoder_case", "model_case", "tiny_llama"]
+__all__ = ["DEFAULT_TV", "PROMPTS", "SEQ2SEQ", "conformance_cases", "encoder_decoder_case", "model_case", "perturbed",
+           "tiny_bart", "tiny_llama"]
+
+#: sizes of the tiny BART-like encoder-decoders (BART, mBART, Marian, ...): ids 0..2 are BOS, pad, EOS
+SEQ2SEQ: dict[str, Any] = dict(
+    vocab_size=16, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+    bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+    tie_word_embeddings=False)
 
 #: three prompts of different lengths (rows get left-padded); the second repeats for n-gram lookups
 PROMPTS = ([1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2])
+
+
+def tiny_bart(seed: int = 0, dtype: torch.dtype = torch.float64, init_std: float = 0.3) -> Any:
+    """A random BART (:data:`SEQ2SEQ`) in eval mode and ``dtype``: ``init_std`` 0.3 makes the decoder's
+    law depend clearly on the encoder input (``tests/text/families.py`` builds the other families)."""
+    from transformers import AutoConfig, BartForConditionalGeneration
+
+    cfg = AutoConfig.for_model("bart", **SEQ2SEQ, init_std=init_std)
+    torch.manual_seed(seed)
+    return BartForConditionalGeneration(cfg).to(dtype).eval()
+
+
+@torch.no_grad()
+def perturbed(model: Any, scale: float = 0.3, seed: int = 1) -> Any:
+    """A copy of ``model`` with every weight moved by ``scale`` times its own spread (a draft that
+    agrees with the target often, but not always)."""
+    import copy
+
+    d = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    for p in d.parameters():
+        if p.numel() > 1 and p.is_floating_point():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device) * scale * p.std())
+    return d
 
 
 def tiny_llama(vocab: int = 12, hidden: int = 32, layers: int = 2, heads: int = 4,
@@ -180,9 +212,7 @@ def _seq2seq_case(tv: float) -> Any:
     """Two sources of different lengths (rows right-padded) with decoder prompts of 1 and 3 tokens,
     a tiny random BART target and a perturbed copy as the draft (its own encoder): the law of
     (source, first two tokens), 18 cells, about 52,000 rows at TV 0.02."""
-    from .families import family, perturbed, tiny_seq2seq
-
-    target = tiny_seq2seq(family("BART"), dtype=torch.float32)
+    target = tiny_bart(dtype=torch.float32)
     return encoder_decoder_case(
         "text: encoder-decoder (BART), encoder-decoder draft, block, top-k 3", target, perturbed(target),
         "block", SamplingConfig(1.0, 3, None), [], 2, tv, [([4, 5, 6, 7, 8], [2]), ([9, 3, 3], [2, 5, 6])])

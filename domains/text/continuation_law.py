@@ -8,7 +8,7 @@ shared conformance suite (``conformance.py``) compare the two with chi-square te
 
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
->>> from speculate.domains.text.sampling import SamplingConfig
+>>> from speculate.domains.text.request.sampling import SamplingConfig
 >>> _ = torch.manual_seed(0)
 >>> m = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=16, intermediate_size=32,
 ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)).eval()
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .process import TokenBuffer
-from .sampling import SamplingConfig, probabilities
+from .request.sampling import SamplingConfig, probabilities
+from .request.tokens import TokenBuffer
 
 __all__ = ["continuation_law"]
 
@@ -45,7 +45,7 @@ def continuation_law(
     encoder-decoder, ``encoder_inputs`` are one row's encoder inputs (``input_ids`` ``[1, S]``, or
     ``input_features`` ``[1, F, T]``; no padding) and ``prompt`` its decoder prompt: the encoder
     runs on them, and the decoder on every prefix. ``transforms``: a
-    :class:`~speculate.domains.text.processors.Transforms` (prefix processors, ``min_new_tokens``;
+    :class:`~speculate.domains.text.request.processors.Transforms` (prefix processors, ``min_new_tokens``;
     its sampling settings replace ``cfg``), applied to every prefix in float64.
     """
     m64 = copy.deepcopy(model).to(torch.float64).eval()

@@ -28,7 +28,7 @@ timings, so its tokens follow the same law but differ from run to run.
 Beam search (``num_beams > 1``) is not sampling from the model's law and is refused, as are
 ``output_scores`` / ``output_logits`` / attentions / hidden states, before any work.
 
-The processors are applied per row to its unpadded prefix (:mod:`~speculate.domains.text.processors`):
+The processors are applied per row to its unpadded prefix (:mod:`~speculate.domains.text.request.processors`):
 prefix-free settings, the repetition penalty (which plain ``generate()`` also applies without the
 padding) and greedy decoding give exactly plain ``generate()``'s law / tokens.
 Stopping criteria (stop strings, user criteria) are evaluated on each row's unpadded sequence after
@@ -54,9 +54,10 @@ import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
 from .api import SpeculativeGenerator
-from .sampling import SamplingConfig
-from .settings import Settings
-from .streaming import streamer_feed
+from .generation import prepare, run_fed
+from .request.sampling import SamplingConfig
+from .request.settings import Settings
+from .request.streaming import streamer_feed
 
 __all__ = ["speculate_decoding"]
 
@@ -191,27 +192,19 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
     seed = int(rng) if rng is not None else int(torch.randint(0, 2**62, (1,)).item())
     if seq2seq:  # input_ids: the decoder prompts; the encoder reads inputs_tensor
         enc_mask = torch.ones_like(inputs_tensor) if mask is None else mask
-        req = gen._prepare(s, np.random.default_rng(seed), input_ids=inputs_tensor, attention_mask=enc_mask,
+        req = prepare(gen, s, np.random.default_rng(seed), input_ids=inputs_tensor, attention_mask=enc_mask,
                            decoder_input_ids=input_ids,
                            decoder_attention_mask=model_kwargs.get("decoder_attention_mask"))
     else:
         mask = torch.ones_like(input_ids) if mask is None else mask
-        req = gen._prepare(s, np.random.default_rng(seed), input_ids=input_ids, attention_mask=mask)
+        req = prepare(gen, s, np.random.default_rng(seed), input_ids=input_ids, attention_mask=mask)
     others = [c for c in (stopping_criteria or [])
               if type(c).__name__ not in ("MaxLengthCriteria", "EosTokenCriteria")]
     if any(type(c).__name__ == "MaxTimeCriteria" for c in others):
         raise ValueError("max_time is not supported by speculate_decoding")
     if others:
         req.process.stop = _criteria_hook(others, req.tokens, input_ids.device)
-    feed = streamer_feed(_AfterPrompt(streamer), req.tokens) if streamer is not None else None
-    try:
-        for event in gen._events(req):
-            if feed is not None:
-                feed.round(event)
-    finally:
-        if feed is not None:
-            feed.end()
-    out = gen._output(req)
+    out = run_fed(gen, req, streamer_feed(_AfterPrompt(streamer), req.tokens) if streamer is not None else None)
     new = out.new_tokens
     G = max((len(t) for t in new), default=0)
     pad = getattr(gc, "_pad_token_tensor", None)

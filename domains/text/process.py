@@ -4,26 +4,35 @@ The round loop (:func:`speculate.rounds.run`) drives :class:`TextProcess` throug
 ``propose -> score -> commit``; verification happens only there, and so does the budget (the loop
 tells ``propose`` how many tokens each row still needs and stops rows that have them all).
 
-Long-lived state lives on the process: the committed tokens (:class:`TokenBuffer`), the target's
-position-indexed KV cache (``kv_cache.CachedModel``) and the draft with its own cache. What one
+Long-lived state lives on the process: the committed tokens (``request.tokens.TokenBuffer``), the
+target's model runtime (``models.runtime.ModelRuntime``: the position-indexed KV cache, a lean loop, or
+the fallback) and the draft (``drafts.base.Draft``) with its own cache. What one
 round needs between its three steps travels in the proposal's context (``_Round``): how many
 tokens ``score`` fed the target, and the draft's own round state, which ``commit`` hands back to
 the draft's ``advance``.
 
->>> import numpy as np
->>> buf = TokenBuffer.from_prompts([[5, 6, 7], [8]], extra=4)    # 2 rows, room for 4 new tokens
->>> buf.ids.shape, buf.n.tolist()
-((2, 7), [3, 1])
->>> buf.block(np.array([0, 1]), np.array([1, 0]), 3).tolist()   # tokens from per-row starts
-[[6, 7, 0], [8, 0, 0]]
+>>> from speculate.domains.text.conformance import tiny_llama
+>>> from speculate.domains.text.drafts.factory import make_draft
+>>> from speculate.domains.text.models.pick import pick_runtime
+>>> from speculate.domains.text.request.sampling import SamplingConfig
+>>> from speculate.domains.text.request.tokens import TokenBuffer
+>>> import numpy as np, speculate as sp
+>>> target = tiny_llama(vocab=12)
+>>> proc = TextProcess(target=pick_runtime(target, "target"), draft=make_draft("ngram", target),
+...                    tokens=TokenBuffer.from_prompts([[1, 2, 1, 2]], extra=6), cfg=SamplingConfig(),
+...                    eos=np.zeros(0, np.int64), vocab=12)
+>>> proc.start()
+>>> out = sp.rounds.run(proc, 1, 6, lookahead=3, rng=0)
+>>> int(proc.tokens.n[0])                                       # the prompt's 4 tokens + 6 new
+10
+>>> proc.release()
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,80 +43,23 @@ from speculate.verify import Tree
 from speculate.verify.device import DeviceCategorical, upload
 from speculate.verify.tree import tree_depths
 
-from .processors import Transforms, as_transforms
-from .runtime.kv_cache import CachedModel, advance_length
-from .sampling import SamplingConfig
-from .token_trees import tree_probs
+from .drafts.base import Draft, DraftedTree
+from .drafts.trees import tree_probs
+from .models.kv_cache import advance_length
+from .models.runtime import ModelRuntime
+from .request.processors import Transforms, as_transforms
+from .request.sampling import SamplingConfig
+from .request.tokens import TokenBuffer
 
-__all__ = ["Draft", "Drafted", "DraftedTree", "TextProcess", "TokenBuffer"]
-
-
-@dataclass
-class TokenBuffer:
-    """Committed tokens of every row: ``ids[r, :n[r]]`` (prompt first), ``np.int64``."""
-
-    ids: np.ndarray  # [B, capacity]
-    n: np.ndarray  # [B]
-    prompt_len: np.ndarray  # [B]
-
-    @classmethod
-    def from_prompts(cls, prompts: Sequence[Sequence[int]], extra: int) -> TokenBuffer:
-        """The prompts, with room for ``extra`` more tokens after the longest."""
-        B = len(prompts)
-        lens = np.array([len(p) for p in prompts], dtype=np.int64)
-        ids = np.zeros((B, int(lens.max()) + extra), dtype=np.int64)
-        for r, p in enumerate(prompts):
-            ids[r, : len(p)] = p
-        return cls(ids=ids, n=lens.copy(), prompt_len=lens)
-
-    def block(self, rows: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
-        """``[R, width]`` tokens ``ids[r, start[r] : start[r] + width]`` (zeros past the end)."""
-        cols = start[:, None] + np.arange(width)[None, :]  # [R, width]
-        cols = np.minimum(cols, self.ids.shape[1] - 1)
-        return self.ids[rows[:, None], cols]
+__all__ = ["TextProcess"]
 
 
-class Drafted(NamedTuple):
-    """What a draft proposes for the active rows (see ``speculate.domains.text.drafts``)."""
-
-    outcomes: np.ndarray  #: int64 [R, k]: the drafted tokens (row r's first lengths[r] are valid)
-    q: Any  #: float32 [R, k, V] (a DeviceCategorical on the device): the law each was drawn from; None: point masses
-    lengths: np.ndarray  #: int64 [R]: valid drafts per row, <= min(k, need - 1)
-    state: Any = None  #: the draft's own state for this round, handed back to ``Draft.advance``
 
 
-class DraftedTree(NamedTuple):
-    """A token tree a draft proposes for the active rows (``speculate.verify.tree`` layout): node 0
-    is the root (the row's committed tokens), node ``i >= 1`` extends its parent by ``tokens[r, i]``."""
-
-    tokens: np.ndarray  #: int64 [R, N+1]: the token drafted at each node (column 0 unused)
-    q: np.ndarray | None  #: float32 [R, N+1, V]: the law each node's children were sampled from; None: greedy
-    valid: np.ndarray  #: bool [R, N+1]: the nodes of each row's tree (the root always)
-    tree: Tree  #: the shape: parent [N+1] or [R, N+1], children drafted with or without replacement
-    state: Any = None  #: the draft's own state for this round, handed back to ``Draft.advance``
 
 
-class Draft(Protocol):
-    """What :class:`TextProcess` needs from a draft (see ``speculate.domains.text.drafts``).
 
-    A draft may propose a :class:`DraftedTree` instead of a chain; its ``advance`` then also gets
-    the accepted path (``path=``, int64 ``[R, D]``). A draft with ``reads_features = True`` (heads
-    on the target, ``head_drafts.py``) has ``observe(features, count)`` called with the target's
-    features of the positions each prefill and round commit, in order.
-    """
 
-    def reset(self, tokens: TokenBuffer, capacity: int, spare: int) -> None: ...
-
-    def select(self, keep: np.ndarray) -> None: ...
-
-    def release(self) -> None: ...
-
-    def propose(
-        self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray,
-        cfg: SamplingConfig | Transforms, rng: np.random.Generator, vocab: int,
-    ) -> Drafted | DraftedTree: ...
-
-    def advance(self, state: Any, n_used: np.ndarray, n_accepted: np.ndarray) -> None: ...
 
 
 def _check_logits(logits: torch.Tensor, rows: np.ndarray) -> None:
@@ -145,12 +97,12 @@ class TextProcess:
     ``[E]``; empty: never). ``encode``: for encoder-decoder targets, run once by :meth:`start`
     before the caches are filled (it runs the encoders and hands each row's encoder output to the
     target's and the draft's caches; counted in ``prefill_time``). ``cfg``: the sampling settings,
-    or a :class:`~speculate.domains.text.processors.Transforms` with prefix processors. ``stop``:
+    or a :class:`~speculate.domains.text.request.processors.Transforms` with prefix processors. ``stop``:
     optional ``stop(rows, start, n_used) -> (n_used, hit)``, called after each commit with the
     buffer rows, where their new tokens start and how many were committed (stop strings).
     """
 
-    target: CachedModel
+    target: ModelRuntime
     draft: Draft
     tokens: TokenBuffer
     cfg: SamplingConfig | Transforms
@@ -182,9 +134,8 @@ class TextProcess:
         if self.encode is not None:
             self.encode()
         self.target.reset(B, capacity, spare)
-        if hasattr(self.draft, "on_device"):  # a draft model drafts where its logits are
-            self.draft.on_device = self.on_device
-        reads = bool(getattr(self.draft, "reads_features", False))
+        self.draft.on_device = self.on_device  # a draft model drafts where its logits are
+        reads = self.draft.reads_features
         self.target.capture, self.target.features = reads, None
         m = int(self.tokens.n.max()) - 1
         if m > 0:
@@ -361,10 +312,7 @@ class TextProcess:
         if ctx.features is not None:
             self._observe(ctx, cols, keep, n_used)
         advance_length(self.target, ctx.pending, ctx.fed, n_used, n_accepted)
-        if verdict.path is not None:
-            self.draft.advance(ctx.draft, n_used, n_accepted, verdict.path)
-        else:
-            self.draft.advance(ctx.draft, n_used, n_accepted)
+        self.draft.advance(ctx.draft, n_used, n_accepted, verdict.path)
         return n_used, done
 
     def _observe(self, ctx: _Round, path_cols: np.ndarray, keep: np.ndarray, n_used: np.ndarray) -> None:

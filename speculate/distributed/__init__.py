@@ -29,26 +29,22 @@ With Dask (``pip install "speculate[distributed]"``)::
                                executor=client.get_executor())
 
 With Ray: ``ray.init()``, then ``executor="ray"`` (or ``RayExecutor(max_retries=3, num_gpus=1)``);
-for a dataset of prompts, ``ds.map_batches(SpeculativeTextBatches, ...)``.
+for a dataset of prompts, ``ds.map_batches(speculate.domains.text.SpeculativeTextBatches, ...)``.
 
 This package is the generic machinery (:mod:`.sharding`, :mod:`.executors`); each public API owns its
 sharded run on top of :func:`map_shards`: ``speculate.chain.chains_sharded``,
-``speculate.domains.rl.api.rollouts_sharded``, ``speculate.domains.physics.api.simulate_sharded``.
-(The text domain's ``generate_sharded`` and ``SpeculativeTextBatches`` are still here, in runners.py
-and ray_data.py, until they move into it.)
+``speculate.domains.rl.api.rollouts_sharded``, ``speculate.domains.physics.api.simulate_sharded``,
+``speculate.domains.text.generate_sharded`` (and the text domain's ``SpeculativeTextBatches``). This
+package names no domain.
 """
 
 from .executors import PerWorker, RayExecutor, n_workers, resolve_executor
-from .ray_data import SpeculativeTextBatches
-from .runners import generate_sharded
 from .sharding import STREAM_KEY, map_shards, root_seed, row_streams, shard_ranges
 
 __all__ = [
     "STREAM_KEY",
     "PerWorker",
     "RayExecutor",
-    "SpeculativeTextBatches",
-    "generate_sharded",
     "map_shards",
     "n_workers",
     "resolve_executor",

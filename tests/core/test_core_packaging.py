@@ -74,7 +74,7 @@ def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"speculate"}, tops
-    for must in ("speculate/py.typed", "speculate/domains/text/models/target/model.safetensors",
+    for must in ("speculate/py.typed", "speculate/domains/text/examples/weights/target/model.safetensors",
                  "speculate/domains/diffusion/models/digits_target.safetensors",
                  "speculate/domains/diffusion/models/digits.json",
                  "speculate/domains/rl/snapshots/check.py", "speculate/testing/exact/kernels.py"):
@@ -137,7 +137,7 @@ def test_every_range_has_a_tested_floor():
 
 
 def test_the_text_domain_names_the_tested_transformers_floor():
-    from speculate.domains.text.runtime.transformers_api import TESTED
+    from speculate.domains.text.models.transformers_api import TESTED
 
     assert TESTED["floor"] == _pins("constraints-floor.txt")["transformers"]
     assert TESTED["pinned"] == _pins("constraints.txt")["transformers"]

@@ -117,7 +117,7 @@ def langevin():
 
 @functools.lru_cache(maxsize=1)
 def _pair():
-    from speculate.domains.text.pair import load_pair
+    from speculate.domains.text.examples.pair import load_pair
 
     return load_pair()
 

@@ -15,6 +15,7 @@ import time
 import dist_helpers as h
 import numpy as np
 import pytest
+from speculate.domains.text import generate_sharded
 
 import speculate as sp
 
@@ -76,7 +77,7 @@ def test_text_1_process_2_workers_3_shards(client):
     ref = gen.generate(h.PROMPTS[:4], max_new_tokens=8, rng=6, shards=1)
     ids = [gen.tokenizer(p).input_ids for p in h.PROMPTS[:4]]
     for shards in (None, 3):
-        out = sp.distributed.generate_sharded(sp.distributed.PerWorker(h.text_generator), ids, max_new_tokens=8,
+        out = generate_sharded(sp.distributed.PerWorker(h.text_generator), ids, max_new_tokens=8,
                                               rng=6, executor=client, shards=shards)
         assert out.sequences == ref.sequences
 

@@ -76,7 +76,7 @@ def test_a_killed_ray_worker_is_retried_and_the_result_is_unchanged(ray_runtime,
 def test_ray_data_map_batches_generates_the_same_tokens(ray_runtime):
     pytest.importorskip("transformers")
     pytest.importorskip("ray.data")
-    from speculate.distributed import SpeculativeTextBatches
+    from speculate.domains.text import SpeculativeTextBatches
 
     prompts = h.PROMPTS[:4]
     ref = h.text_generator().generate(prompts, max_new_tokens=8, rng=6, shards=1)

@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 import dist_helpers as h
 import numpy as np
 import pytest
+from speculate.domains.text import generate_sharded
 
 import speculate as sp
 from speculate.distributed import PerWorker, map_shards, row_streams, shard_ranges
@@ -106,7 +107,7 @@ def test_text_same_seed_same_tokens(pool):
     for kw in ({"shards": 4}, {"executor": pool}):
         assert gen.generate(h.PROMPTS, max_new_tokens=10, rng=4, **kw).sequences == ref.sequences
     ids = [gen.tokenizer(p).input_ids for p in h.PROMPTS]  # a generator built once per worker
-    out = sp.distributed.generate_sharded(PerWorker(h.text_generator), ids, max_new_tokens=10, rng=4, executor=pool)
+    out = generate_sharded(PerWorker(h.text_generator), ids, max_new_tokens=10, rng=4, executor=pool)
     assert out.sequences == ref.sequences and out.stats.rounds == ref.stats.rounds
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from families import family as fam
+from families import perturbed, tiny_model
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.conformance import tiny_llama
-from speculate.domains.text.families import family as fam
-from speculate.domains.text.families import perturbed, tiny_model
-from speculate.domains.text.runtime.cuda_graphs import StepGraphs, bucket
-from speculate.domains.text.runtime.kv_cache import CachedModel
-from speculate.domains.text.runtime.lean_llama import STATIC_SLOTS, LeanLlama, static_target
+from speculate.domains.text.models.cuda_graphs import StepGraphs, bucket
+from speculate.domains.text.models.kv_cache import CachedModel
+from speculate.domains.text.models.lean_llama import STATIC_SLOTS, LeanLlama, static_target
 
 PROMPTS = [[1, 5, 7, 2], [2, 3], [9, 4, 4], [3], [5, 5, 5, 5, 5, 1]]
 

@@ -12,8 +12,8 @@ import torch
 from scipy import stats
 from speculate.domains.text import speculate_decoding
 from speculate.domains.text.continuation_law import continuation_law
-from speculate.domains.text.processors import Transforms
-from speculate.domains.text.sampling import SamplingConfig
+from speculate.domains.text.request.processors import Transforms
+from speculate.domains.text.request.sampling import SamplingConfig
 from transformers import RepetitionPenaltyLogitsProcessor
 from transformers.generation.streamers import BaseStreamer
 
@@ -121,7 +121,7 @@ def test_encoder_decoders_through_generate(name):
     batch of different sources, with a draft model and with ngram; the dict output is the
     encoder-decoder one. (That the encoder input matters to these models, so that a row mix-up
     would show, is test_text_encoder_decoder.py's test_the_encoder_matters.)"""
-    from speculate.domains.text.families import family, perturbed, tiny_seq2seq
+    from families import family, perturbed, tiny_seq2seq
 
     target = tiny_seq2seq(family(name))
     draft = perturbed(target)

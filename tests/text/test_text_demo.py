@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from speculate.domains.text.pair import DRAFT_DIR, TARGET_DIR
+from speculate.domains.text.examples.pair import DRAFT_DIR, TARGET_DIR
 
 pytestmark = pytest.mark.skipif(
     not (TARGET_DIR / "model.safetensors").is_file() or not (DRAFT_DIR / "model.safetensors").is_file(),
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.slow
 def test_demo_quick(capsys):
-    from speculate.domains.text.demo import demo
+    from speculate.domains.text.examples.demo import demo
 
     assert demo(["--quick"]) == 0
     out = capsys.readouterr().out

@@ -15,15 +15,17 @@ import copy
 
 import pytest
 import torch
+from families import family, perturbed, tiny_seq2seq
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.conformance import tiny_llama
-from speculate.domains.text.drafts import early_exit_model
-from speculate.domains.text.families import family, perturbed, tiny_seq2seq
-from speculate.domains.text.feature_draft import FeatureDraft
-from speculate.domains.text.heads import MedusaHeads, output_weight
-from speculate.domains.text.runtime.encoder_decoder import CachedSeq2Seq
-from speculate.domains.text.runtime.kv_cache import CachedModel, cache_bytes_by_device, execution_device
-from speculate.domains.text.runtime.lean_llama import supports
+from speculate.domains.text.drafts.model import early_exit_model
+from speculate.domains.text.models.encoder_decoder import CachedSeq2Seq
+from speculate.domains.text.models.facts import execution_device
+from speculate.domains.text.models.kv_cache import CachedModel
+from speculate.domains.text.models.lean_llama import supports
+from speculate.domains.text.models.memory import cache_bytes_by_device
+from speculate.domains.text.training.feature_draft import FeatureDraft
+from speculate.domains.text.training.heads import MedusaHeads, output_weight
 
 from tests.text.test_text_tree_drafts import _perturbed
 

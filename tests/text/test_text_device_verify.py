@@ -19,7 +19,7 @@ import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.continuation_law import continuation_law
-from speculate.domains.text.sampling import SamplingConfig
+from speculate.domains.text.request.sampling import SamplingConfig
 
 from tests.text.test_text_exactness import FAST_TV, PROMPTS, assert_law, rows_needed, sample_rows
 

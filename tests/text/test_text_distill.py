@@ -1,4 +1,4 @@
-"""speculate.domains.text.distill: divergences, acceptance, on-policy sampling, training, vocabulary checks.
+"""speculate.domains.text.training.distill: divergences, acceptance, on-policy sampling, training, vocabulary checks.
 
 Tiny random Llama pairs built from configs (no downloads). The initialiser scale 0.2 (10x the
 usual) makes the next-byte laws peaked and context dependent, so a random draft starts far from
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from speculate.domains.text.distill import (
+from speculate.domains.text.examples.tokenizer import ByteTokenizer
+from speculate.domains.text.training.distill import (
     DIVERGENCES,
     acceptance_rate,
     check_vocab,
@@ -24,14 +25,13 @@ from speculate.domains.text.distill import (
     sample_continuations,
     token_stream,
 )
-from speculate.domains.text.tokenizer import ByteTokenizer
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from speculate.testing import DEFAULT_ALPHA as ALPHA
 
 # the module itself: its source is the training text
-distill_module = importlib.import_module("speculate.domains.text.distill")
+distill_module = importlib.import_module("speculate.domains.text.training.distill")
 TEXT = (Path(distill_module.__file__).read_bytes())[:4000]
 
 
@@ -176,7 +176,7 @@ def test_sample_continuations_respects_width_and_seed():
 def test_sample_continuations_on_a_state_space_model():
     """Mamba returns and takes its cache as ``cache_params``, not ``past_key_values``: the cached
     sampler draws exactly what sampling from full forward passes with the same generator draws."""
-    from speculate.domains.text.families import family, tiny_model
+    from families import family, tiny_model
 
     model = tiny_model(family("Mamba"))  # float64, prefix-sensitive
     prefix = torch.tensor([[1, 5, 2, 7], [3, 3, 9, 4]])  # [2, 4]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from speculate.domains.text.drafts import EarlyExitDraft, ModelDraft, NgramDraft, early_exit_model, make_draft
-from speculate.domains.text.process import TokenBuffer
-from speculate.domains.text.sampling import SamplingConfig
+from speculate.domains.text.drafts.factory import make_draft
+from speculate.domains.text.drafts.model import EarlyExitDraft, ModelDraft, early_exit_model
+from speculate.domains.text.drafts.ngram import NgramDraft
+from speculate.domains.text.request.sampling import SamplingConfig
+from speculate.domains.text.request.tokens import TokenBuffer
 from transformers import GPT2Config, GPT2LMHeadModel
 
 
@@ -48,7 +50,7 @@ def test_bad_ngram_sizes():
 def test_string_drafts_make_one_class_per_kind(make_llama):
     ee = make_draft("early-exit:1", make_llama(layers=2))
     assert isinstance(ee, EarlyExitDraft) and isinstance(ee, ModelDraft) and ee.n_layers == 1
-    assert type(make_draft(make_llama(layers=1, rng=1), None)) is ModelDraft
+    assert type(make_draft(make_llama(layers=1, rng=1), make_llama(layers=2))) is ModelDraft
 
 
 @torch.inference_mode()
@@ -69,7 +71,7 @@ def test_early_exit_is_first_layers_norm_and_head(make_llama):
 def test_early_exit_copies_are_checked_on_their_own(make_llama):
     """The shallow copy does not carry the target's remembered checks (a verdict on the whole model),
     and what is remembered for the copy does not land on the target."""
-    from speculate.domains.text.runtime.kv_cache import CHECKS, remembered
+    from speculate.domains.text.models.probe import CHECKS, remembered
 
     target = make_llama(layers=3, dtype=torch.float64)
     remembered(target, "probe-test", lambda: "the target's verdict")

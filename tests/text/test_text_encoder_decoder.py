@@ -40,15 +40,16 @@ from itertools import combinations
 import numpy as np
 import pytest
 import torch
+from families import ENCODER_DECODER, family, perturbed, tiny_seq2seq
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.conformance import encoder_decoder_case, tiny_llama
 from speculate.domains.text.continuation_law import continuation_law
-from speculate.domains.text.drafts import SourceNgramDraft, make_draft
-from speculate.domains.text.families import ENCODER_DECODER, family, perturbed, tiny_seq2seq
-from speculate.domains.text.inputs import EncoderInputs
-from speculate.domains.text.process import TokenBuffer
-from speculate.domains.text.runtime.encoder_decoder import decoder_layers_path
-from speculate.domains.text.sampling import SamplingConfig
+from speculate.domains.text.drafts.factory import make_draft
+from speculate.domains.text.drafts.ngram import SourceNgramDraft
+from speculate.domains.text.models.encoder_decoder import decoder_layers_path
+from speculate.domains.text.request.inputs import EncoderInputs
+from speculate.domains.text.request.sampling import SamplingConfig
+from speculate.domains.text.request.tokens import TokenBuffer
 from transformers import WhisperConfig, WhisperForCausalLM
 
 from speculate.testing import DEFAULT_ALPHA as ALPHA
@@ -306,7 +307,7 @@ def test_cross_attention_keys_and_values_are_computed_once_per_row(name, monkeyp
     (which reads the weights: its F.linear calls with the cross-attention key weight are counted)."""
     import types
 
-    import speculate.domains.text.runtime.lean_seq2seq as lean
+    import speculate.domains.text.models.lean_seq2seq as lean
 
     target, draft = _pair(name)
     gen = SpeculativeGenerator(target, draft, lookahead=3)  # its one-time model checks run first
@@ -442,7 +443,7 @@ def test_rows_ending_at_the_last_learned_position_next_to_rows_still_drafting(fa
     """The longest row's prompt plus max_new_tokens fills the decoder's position table exactly,
     while shorter rows still draft a full block: the padded columns of its last blocks lie past the
     table (they are never kept) and must neither fail nor change its tokens."""
-    from speculate.domains.text.runtime.encoder_decoder import _positions
+    from speculate.domains.text.models.encoder_decoder import _positions
 
     target, draft = _pair(fam.name)
     limit = _positions(target).limit

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
-from speculate.domains.text.runtime.kv_cache import CHECKS, check_model
+from speculate.domains.text.models.kv_cache import check_model
+from speculate.domains.text.models.probe import CHECKS
 from transformers import GPT2Config, GPT2LMHeadModel
 
 
@@ -88,7 +89,7 @@ def test_a_failed_cache_check_is_not_remembered_across_settings(make_llama):
 
 
 def test_early_exit_of_an_eval_target_is_in_eval_mode(make_llama):
-    from speculate.domains.text.drafts import early_exit_model
+    from speculate.domains.text.drafts.model import early_exit_model
 
     ee = early_exit_model(make_llama(layers=3), 1)
     assert not any(m.training for m in ee.modules())
@@ -250,10 +251,10 @@ def test_models_without_a_position_table_have_no_length_limit(make_llama):
 def test_a_family_the_cache_cannot_serve_runs_on_the_fallback_with_the_reason(family):
     """A family the position-indexed cache cannot serve runs through transformers' own cache, with a
     warning naming the family, the reason and the installed transformers (domains/text/families.py)."""
-    from speculate.domains.text.families import family as row
-    from speculate.domains.text.families import tiny_model
-    from speculate.domains.text.runtime.pick import FallbackWarning
-    from speculate.domains.text.runtime.transformers_api import installed
+    from families import family as row
+    from families import tiny_model
+    from speculate.domains.text.models.pick import FallbackWarning
+    from speculate.domains.text.models.transformers_api import installed
 
     fam = row(family)
     target = tiny_model(fam)

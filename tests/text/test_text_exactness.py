@@ -43,7 +43,7 @@ import torch
 from scipy import stats
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.continuation_law import continuation_law
-from speculate.domains.text.sampling import SamplingConfig
+from speculate.domains.text.request.sampling import SamplingConfig
 
 from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import chi2_gof, chi2_sample_size
@@ -155,7 +155,7 @@ def test_output_law_with_the_embedded_pair():
     with probability 0.99. The exception to SLOW_TV: the 12-layer target costs about 10 ms of CPU
     per row, and TV 0.01 would need about 300,000 rows (close to an hour); the tiny models above
     carry the 0.01 guarantee."""
-    from speculate.domains.text.pair import DRAFT_DIR, load_pair
+    from speculate.domains.text.examples.pair import DRAFT_DIR, load_pair
 
     if not (DRAFT_DIR / "model.safetensors").is_file():
         pytest.skip("the embedded pair is not trained yet")

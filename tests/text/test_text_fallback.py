@@ -22,11 +22,12 @@ import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.continuation_law import continuation_law
-from speculate.domains.text.runtime.kv_cache import CHECKS, check_model
-from speculate.domains.text.runtime.pick import FallbackWarning, pick_runtime
-from speculate.domains.text.runtime.transformers_api import TESTED, installed
-from speculate.domains.text.runtime.transformers_cache import TransformersCacheModel
-from speculate.domains.text.sampling import SamplingConfig
+from speculate.domains.text.models.kv_cache import check_model
+from speculate.domains.text.models.pick import FallbackWarning, pick_runtime
+from speculate.domains.text.models.probe import CHECKS
+from speculate.domains.text.models.transformers_api import TESTED, installed
+from speculate.domains.text.models.transformers_cache import TransformersCacheModel
+from speculate.domains.text.request.sampling import SamplingConfig
 from transformers import LlamaForCausalLM
 
 from tests.text.test_text_exactness import FAST_TV, PROMPTS, assert_law, rows_needed, sample_rows

@@ -1,4 +1,4 @@
-"""The conformance matrix over every family of ``domains/text/families.py`` (the README's table).
+"""The conformance matrix over every family of ``tests/text/families.py`` (the README's table).
 
 Every row marked ``works`` or ``fixed`` is built as a tiny random model from its config (float64,
 init std 0.3 so that the law depends on context and position; a sliding window or attention chunk
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from families import FAMILIES, markdown_table, perturbed, tiny_model
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.conformance import model_case
-from speculate.domains.text.families import FAMILIES, markdown_table, perturbed, tiny_model
-from speculate.domains.text.runtime.pick import FallbackWarning
-from speculate.domains.text.runtime.transformers_cache import TransformersCacheModel
-from speculate.domains.text.sampling import SamplingConfig
+from speculate.domains.text.models.pick import FallbackWarning
+from speculate.domains.text.models.transformers_cache import TransformersCacheModel
+from speculate.domains.text.request.sampling import SamplingConfig
 
 from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import check_conformance

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
-from speculate.domains.text import api as text_api
-from speculate.domains.text.runtime.kv_cache import CachedModel, CacheMemoryError, cache_bytes
-from speculate.domains.text.runtime.lean_llama import LeanLlama
+from speculate.domains.text.models import limits as text_limits
+from speculate.domains.text.models.kv_cache import CachedModel
+from speculate.domains.text.models.lean_llama import LeanLlama
+from speculate.domains.text.models.memory import CacheMemoryError, cache_bytes
+from speculate.domains.text.request import tokens as text_tokens
 
 PROMPTS = [[1, 5, 7], [3, 3, 9, 4, 3, 3], [8, 2]]
 KW = dict(max_new_tokens=24, eos_token_id=[], top_k=6, rng=5)
@@ -157,7 +159,7 @@ def test_a_batch_too_large_for_memory_fails_at_once(make_llama, monkeypatch):
     def no_allocation(*args, **kwargs):
         raise AssertionError("generate allocated its token buffer for a batch that cannot fit")
 
-    monkeypatch.setattr(text_api.TokenBuffer, "from_prompts", no_allocation)
+    monkeypatch.setattr(text_tokens.TokenBuffer, "from_prompts", no_allocation)
     forwards = []
     handle = target.register_forward_hook(lambda *a: forwards.append(1))
     try:
@@ -181,14 +183,14 @@ def test_the_memory_check_compares_the_estimate_with_what_is_available(make_llam
     B, L, n = 40, 6, 10
     cap, spare = L + n, min(3, n) + 2
     total = cache_bytes(target, B, cap + spare) + cache_bytes(draft, B, cap + spare) + B * cap * 8
-    monkeypatch.setattr(text_api, "available_memory", lambda dev: (total - 1, "a test"))
+    monkeypatch.setattr(text_limits, "available_memory", lambda dev: (total - 1, "a test"))
     with pytest.raises(CacheMemoryError, match=r"Pass batch_size=39 .* about 39 rows per call"):
         gen.generate([[1, 2, 3, 4, 5, 6]] * B, max_new_tokens=n)
     # the fix it names works: the same call in chunks of 39 rows
     assert len(gen.generate([[1, 2, 3, 4, 5, 6]] * B, max_new_tokens=n, batch_size=39).sequences) == B
-    monkeypatch.setattr(text_api, "available_memory", lambda dev: (total, "a test"))
+    monkeypatch.setattr(text_limits, "available_memory", lambda dev: (total, "a test"))
     assert len(gen.generate([[1, 2, 3, 4, 5, 6]] * B, max_new_tokens=n).sequences) == B
-    monkeypatch.setattr(text_api, "available_memory", lambda dev: None)  # unknown: no check
+    monkeypatch.setattr(text_limits, "available_memory", lambda dev: None)  # unknown: no check
     assert len(gen.generate([[1, 2, 3]], max_new_tokens=2).sequences) == 1
 
 
@@ -221,7 +223,7 @@ def test_a_draft_on_the_target_copy_counts_its_own_cache(make_llama, monkeypatch
         seen["dev"] = dev
         return (0, "a test")
 
-    monkeypatch.setattr(text_api, "available_memory", fake)
+    monkeypatch.setattr(text_limits, "available_memory", fake)
     with pytest.raises(CacheMemoryError) as err:
         gen.generate([[1, 2]], max_new_tokens=3)
     per = cache_bytes(target, 1, 5 + 4) / 2**30  # capacity 2 + 3 tokens, spare min(2, 3) + 2 slots

@@ -30,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.conformance import tiny_llama
-from speculate.domains.text.sampling import SamplingConfig, probabilities
+from speculate.domains.text.request.sampling import SamplingConfig, probabilities
 
 N_POSITIONS = 20  # the GPT-2 target's learned positions
 WINDOW = 5  # the Mistral target's sliding window: most requests cross it

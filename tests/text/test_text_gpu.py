@@ -81,8 +81,8 @@ def test_target_spread_over_two_devices_with_device_map(make_llama, tmp_path):
 def test_encoder_decoders_on_cuda_and_across_devices(name, target_dev, draft_dev):
     """The lean decoder loop on the GPU, and a draft that reads the target's encoder output on
     another device: greedy equals the target's own greedy decoding, for rows of different inputs."""
-    from speculate.domains.text.families import family, perturbed, tiny_seq2seq
-    from speculate.domains.text.runtime.lean_seq2seq import LeanSeq2Seq
+    from families import family, perturbed, tiny_seq2seq
+    from speculate.domains.text.models.lean_seq2seq import LeanSeq2Seq
 
     target = tiny_seq2seq(family(name)).float()
     draft = perturbed(target).float().to(draft_dev)
@@ -127,7 +127,7 @@ def _feature_draft_on(device: str, dtype: torch.dtype) -> None:
     ``device`` in ``dtype``, and greedy EAGLE decoding against the target's own greedy output."""
     import numpy as np
     from speculate.domains.text.conformance import tiny_llama
-    from speculate.domains.text.feature_draft import FeatureDraft
+    from speculate.domains.text.training.feature_draft import FeatureDraft
 
     target = tiny_llama(vocab=64, hidden=32, layers=2, dtype=dtype).to(device)
     draft = FeatureDraft.for_target(target)

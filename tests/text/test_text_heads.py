@@ -1,4 +1,4 @@
-"""speculate.domains.text.heads and .feature_draft: drafts that live on a frozen target.
+"""speculate.domains.text.training.heads and .feature_draft: drafts that live on a frozen target.
 
 Tiny random Llamas (no downloads). The training tests use a repeating synthetic token stream;
 with self-distillation the windows' second halves are the target's own samples.
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from speculate.domains.text.conformance import tiny_llama
-from speculate.domains.text.feature_draft import FeatureDraft, rope_theta, train_feature_draft
-from speculate.domains.text.heads import MedusaHeads, target_features, train_heads
+from speculate.domains.text.training.feature_draft import FeatureDraft, rope_theta, train_feature_draft
+from speculate.domains.text.training.heads import MedusaHeads, target_features, train_heads
 
 STREAM = [torch.tensor([(7 * i * i + 3 * i) % 64 for i in range(50)]).repeat(50)]  # period 50
 LARGE = Path(__file__).resolve().parents[2] / "benchmarks" / "text" / "models" / "large"  # the larger pair
@@ -195,7 +195,7 @@ def test_drafting_form_equals_the_training_form(dtype, table, monkeypatch):
     """With a cache and without autograd the layer runs its decoding form (folded weights, complex
     RoPE, norms as ``x / hypot(|x|, sqrt(H eps))``); with autograd the modules. Both give the same
     numbers, with and without a cache."""
-    from speculate.domains.text import feature_decode
+    from speculate.domains.text.training import feature_decode
 
     if not table:  # a vocabulary too large for the token table
         monkeypatch.setattr(feature_decode, "TOKEN_TABLE_MAX", 0)
@@ -265,7 +265,7 @@ def test_feature_draft_saved_with_linear_weights_loads(tmp_path):
     """A draft saved when its layers were ``torch.nn.Linear`` (``weight`` ``[out, in]``) loads into the
     ``[in, out]`` layout with the same outputs; ``weight`` still reads ``[out, in]``."""
     from safetensors.torch import save_file
-    from speculate.domains.text.feature_draft import WEIGHTS_NAME
+    from speculate.domains.text.training.feature_draft import WEIGHTS_NAME
 
     target = llama()
     draft = scrambled(FeatureDraft.for_target(target), 4)
@@ -324,9 +324,9 @@ def test_shipped_drafts_beat_fresh_ones_on_their_target(pair):
     """The drafts trained for each committed target load next to it (``load_self_drafts``) and accept
     more than fresh ones on held-out-style code (the other target's drafts are refused: see the
     hidden-size checks)."""
-    from speculate.domains.text.feature_draft import feature_draft_acceptance
-    from speculate.domains.text.heads import heads_acceptance
-    from speculate.domains.text.pair import load_pair, load_self_drafts
+    from speculate.domains.text.examples.pair import load_pair, load_self_drafts
+    from speculate.domains.text.training.feature_draft import feature_draft_acceptance
+    from speculate.domains.text.training.heads import heads_acceptance
 
     path = None if pair == "embedded" else LARGE
     target, _, tok = load_pair(path=path)
@@ -340,7 +340,7 @@ def test_shipped_drafts_beat_fresh_ones_on_their_target(pair):
 
 
 def test_self_drafts_of_another_target_or_a_missing_folder_are_refused(tmp_path):
-    from speculate.domains.text.pair import load_pair, load_self_drafts
+    from speculate.domains.text.examples.pair import load_pair, load_self_drafts
 
     target, _, _ = load_pair()  # width 128; the large pair's drafts read width 192
     with pytest.raises(ValueError, match="hidden size 192"):
@@ -357,7 +357,7 @@ def test_train_heads_script_trains_each_kind_apart_and_merges_the_record(tmp_pat
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "text"))
-    from speculate.domains.text.pair import load_pair, load_self_drafts
+    from speculate.domains.text.examples.pair import load_pair, load_self_drafts
     from train_heads import main
 
     common = ["--heads-steps", "2", "--draft-steps", "2", "--out", str(tmp_path / "drafts"),
@@ -410,7 +410,7 @@ def test_heads_saved_one_module_per_head_load(tmp_path):
     """Heads saved before the weights were stacked (a module per head: ``heads.{i}.{l}.linear.*``
     and ``heads.{i}.{n_layers}.weight``) load into the stacked layout with the same logits."""
     from safetensors.torch import save_file
-    from speculate.domains.text.heads import CONFIG_NAME, WEIGHTS_NAME
+    from speculate.domains.text.training.heads import CONFIG_NAME, WEIGHTS_NAME
 
     target = tiny_llama(vocab=64, hidden=32, layers=2)
     heads = MedusaHeads.for_target(target, n_heads=3, n_layers=2)

@@ -120,8 +120,10 @@ def test_profile_counts_blocking_calls_and_device_to_host_copies_per_phase():
 
 
 def _events(extra=()):
-    drafts = hs.SyncEvent("draft", "domains/text/drafts.py:200", "outcomes[:, :steps] = torch.stack(xs, dim=1).cpu()"
-                          ".numpy()  # the round's one transfer of drafts", "domains/text/drafts.py:200", ".cpu()")
+    drafts = hs.SyncEvent("draft", "domains/text/drafts/model.py:200",
+                          "outcomes[:, :steps] = torch.stack(xs, dim=1).cpu().numpy()"
+                          "  # the round's one transfer of drafts",
+                          "domains/text/drafts/model.py:200", ".cpu()")
     counts = hs.SyncEvent("verify", "speculate/verify/device.py:92",
                           "out = torch.stack([n, nxt, branch, ok.to(torch.int64)]).cpu().numpy()",
                           "speculate/verify/device.py:92", ".cpu()")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from speculate.domains.text.runtime.kv_cache import CachedModel, check_model, model_vocab_size
-from speculate.domains.text.runtime.lean_llama import LeanLlama, supports
+from speculate.domains.text.models.facts import model_vocab_size
+from speculate.domains.text.models.kv_cache import CachedModel, check_model
+from speculate.domains.text.models.lean_llama import LeanLlama, supports
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 
@@ -113,7 +114,7 @@ def test_common_start_uses_the_models_own_causal_mask(model):
 
 def test_advance_length_keeps_the_pending_tokens_and_the_kept_fed_drafts():
     """After a round a cache holds what it was fed and the row committed, never the last token used."""
-    from speculate.domains.text.runtime.kv_cache import advance_length
+    from speculate.domains.text.models.kv_cache import advance_length
 
     class Lengths:
         length = np.full(6, 10)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from speculate.domains.text.runtime.kv_cache import CachedModel
-from speculate.domains.text.runtime.lean_llama import LeanLlama, lean_model, supports
+from speculate.domains.text.models.kv_cache import CachedModel
+from speculate.domains.text.models.lean_llama import LeanLlama, lean_model, supports
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 
@@ -82,7 +82,7 @@ def test_a_draft_with_an_adapter_or_a_hook_runs_its_own_forward(make_llama):
     runs through its own forward, so the draft is the one the user built."""
     import peft
     from speculate.domains.text import SpeculativeGenerator
-    from speculate.domains.text.runtime.lean_cache import modified
+    from speculate.domains.text.models.lean_cache import modified
     target = make_llama()
     prompt = [1, 2, 3, 4, 5]
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from families import family, perturbed, tiny_seq2seq
 from speculate.domains.text import SpeculativeGenerator
-from speculate.domains.text.families import family, perturbed, tiny_seq2seq
-from speculate.domains.text.runtime.encoder_decoder import CachedSeq2Seq, _probe, encode
-from speculate.domains.text.runtime.lean_seq2seq import LeanSeq2Seq, lean_seq2seq, supports
+from speculate.domains.text.models.encoder_decoder import CachedSeq2Seq, encode, probe_encoder
+from speculate.domains.text.models.lean_seq2seq import LeanSeq2Seq, lean_seq2seq, supports
+from speculate.domains.text.models.probe import probe
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -49,7 +50,7 @@ def _tol(model):
 def _encoder_state(model, rows: int = 2):
     g = torch.Generator().manual_seed(1)
     if isinstance(model, WhisperForCausalLM):  # reads another model's encoder output
-        from speculate.domains.text.runtime.encoder_decoder import EncoderState
+        from speculate.domains.text.models.encoder_decoder import EncoderState
         return EncoderState(torch.randn(rows, 5, model.config.d_model, generator=g, dtype=torch.float64), None)
     if isinstance(model, BartForConditionalGeneration):  # the second row's source is padded
         ids = torch.randint(3, model.config.vocab_size, (rows, 6), generator=g)
@@ -95,7 +96,7 @@ def test_ragged_rows_rollback_and_dropped_rows_pass_the_probe(attn, kind):
     row against full forward passes) passes, and a lean loop that forgets to drop a row's
     cross-attention keys fails it: the probe that guards lean_seq2seq has the power to refuse."""
     model = _model(kind, attn)
-    assert _probe(model, LeanSeq2Seq) is None
+    assert probe(model, LeanSeq2Seq, probe_encoder) is None
 
     class Forgetful(LeanSeq2Seq):
         def select(self, keep):
@@ -103,7 +104,7 @@ def test_ragged_rows_rollback_and_dropped_rows_pass_the_probe(attn, kind):
             super().select(keep)
             self.ck, self.cv = [t[: len(keep)] for t in ck], [t[: len(keep)] for t in cv]  # row 0's, not row 1's
 
-    assert "different logits" in _probe(model, Forgetful)
+    assert "different logits" in probe(model, Forgetful, probe_encoder)
 
 
 def test_lean_seq2seq_picks_the_lean_loop_only_where_it_applies():
@@ -126,10 +127,10 @@ def test_lean_seq2seq_picks_the_lean_loop_only_where_it_applies():
 
 
 def test_a_model_that_fails_the_probe_gets_the_general_cache(monkeypatch):
-    import speculate.domains.text.runtime.lean_seq2seq as lw
+    import speculate.domains.text.models.lean_seq2seq as lw
 
     whisper = _whisper()
-    monkeypatch.setattr(lw, "_probe", lambda model, make: "different logits")
+    monkeypatch.setattr(lw, "probe", lambda model, make, encoder=None: "different logits")
     assert isinstance(lean_seq2seq(whisper), CachedSeq2Seq)
 
 

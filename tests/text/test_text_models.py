@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from speculate.domains.text.corpus import EXCLUDED_DIRS, load_corpus, split_of, stdlib_files
-from speculate.domains.text.distill import acceptance_rate, cross_entropy
-from speculate.domains.text.pair import DRAFT_DIR, TARGET_DIR, load_pair
-from speculate.domains.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
+from speculate.domains.text.examples.corpus import EXCLUDED_DIRS, load_corpus, split_of, stdlib_files
+from speculate.domains.text.examples.pair import DRAFT_DIR, TARGET_DIR, load_pair
+from speculate.domains.text.examples.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
+from speculate.domains.text.training.distill import acceptance_rate, cross_entropy
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 # Recorded by `python benchmarks/text/train_pair.py --size small` (see MODELS.md), on the
@@ -207,7 +207,7 @@ def test_peft_and_compiled_models_run_as_the_user_built_them(make_llama):
     import peft
     import torch
     from speculate.domains.text import SpeculativeGenerator
-    from speculate.domains.text.runtime.kv_cache import CachedModel
+    from speculate.domains.text.models.kv_cache import CachedModel
 
     cfg = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     pm = peft.get_peft_model(make_llama(init_std=0.5), cfg).eval()

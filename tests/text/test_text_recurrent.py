@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from speculate.domains.text.families import FAMILIES, tiny_model
-from speculate.domains.text.runtime import recurrent
-from speculate.domains.text.runtime.kv_cache import CHECKS, CachedModel, check_model
-from speculate.domains.text.runtime.recurrent import Feed, RowState
-from speculate.domains.text.runtime.recurrent_mixers import MIXERS, find_mixers, unknown_recurrent
+from families import FAMILIES, tiny_model
+from speculate.domains.text.models import recurrent
+from speculate.domains.text.models.kv_cache import CachedModel, check_model
+from speculate.domains.text.models.probe import CHECKS
+from speculate.domains.text.models.recurrent import Feed, RowState
+from speculate.domains.text.models.recurrent_mixers import MIXERS, find_mixers, unknown_recurrent
 
 RECURRENT_TYPES = ("mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "falcon_h1", "zamba2", "nemotron_h",
                    "granitemoehybrid", "lfm2", "qwen3_next")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from speculate.domains.text.sampling import SamplingConfig, probabilities, transform_logits
+from speculate.domains.text.request.sampling import SamplingConfig, probabilities, transform_logits
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -61,7 +61,7 @@ def test_logprobs_are_each_tokens_log_probability_under_the_target_law(make_llam
     import math
 
     from speculate.domains.text import SpeculativeGenerator
-    from speculate.domains.text.heads import MedusaHeads
+    from speculate.domains.text.training.heads import MedusaHeads
 
     target = make_llama(vocab=24, eos=None, init_std=0.5)
     kw = {}

@@ -28,8 +28,8 @@ import torch
 from scipy import stats
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.continuation_law import continuation_law
-from speculate.domains.text.processors import Transforms
-from speculate.domains.text.settings import resolve
+from speculate.domains.text.request.processors import Transforms
+from speculate.domains.text.request.settings import resolve
 
 from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import chi2_gof, chi2_sample_size

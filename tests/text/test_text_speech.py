@@ -1,6 +1,6 @@
 """Speech: the embedded Whisper pair, the audio helper, and exact speculative transcription.
 
-The pair (``domains/text/models/speech-*``) loads offline; the audio helper refuses what it cannot
+The pair (``domains/text/examples/weights/speech-*``) loads offline; the audio helper refuses what it cannot
 transcribe before any work; greedy speculative transcripts equal the target's own greedy
 ``generate`` on the held-out set; the law of the first two decoder tokens at temperature 1 equals
 the target's exact law for a batch of different utterances (chi-square, level and power stated in
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 from scipy.io import wavfile
-from speculate.domains.text import SpeculativeGenerator, speech
+from speculate.domains.text import SpeculativeGenerator
+from speculate.domains.text.examples import speech
 
 from speculate.testing import assert_categorical_matches
 from speculate.testing.gof import chi2_power

@@ -22,11 +22,11 @@ import pytest
 import torch
 from speculate.domains.text import SpeculativeGenerator
 from speculate.domains.text.continuation_law import continuation_law
-from speculate.domains.text.feature_draft import FeatureDraft
-from speculate.domains.text.heads import MedusaHeads
-from speculate.domains.text.runtime.kv_cache import CachedModel
-from speculate.domains.text.sampling import SamplingConfig
-from speculate.domains.text.token_trees import DynamicTree
+from speculate.domains.text.drafts.trees import DynamicTree
+from speculate.domains.text.models.kv_cache import CachedModel
+from speculate.domains.text.request.sampling import SamplingConfig
+from speculate.domains.text.training.feature_draft import FeatureDraft
+from speculate.domains.text.training.heads import MedusaHeads
 
 from speculate.verify import Tree
 from tests.text.test_text_exactness import FAST_TV, PROMPTS, assert_law, rows_needed, sample_rows
@@ -173,7 +173,7 @@ def test_nan_logits_of_a_draft_on_the_target_are_refused(make_llama, kind):
 def test_trees_on_targets_that_cannot_score_one_are_refused(key, why):
     """Chains work on these families; a tree needs one state per branch (recurrent layers) or
     positions apart from slots (ALiBi biases come from slots): refused by name at construction."""
-    from speculate.domains.text.families import family, tiny_model
+    from families import family, tiny_model
 
     target = tiny_model(family(key), dtype=torch.float32)
     heads = MedusaHeads.for_target(target, n_heads=2)
@@ -188,8 +188,8 @@ def test_a_dynamic_shape_follows_the_laws_not_the_draws():
     """Children are sampled, so a node's value is the ``q`` value that chose it (its rank's), not
     the probability of the token drawn (EAGLE-2's rule, for top-k drafting): with the same law at
     every node, every draw gives the same shape, and the line of first children reaches full depth."""
-    from speculate.domains.text.processors import as_transforms
-    from speculate.domains.text.token_trees import grow_tree
+    from speculate.domains.text.drafts.trees import grow_tree
+    from speculate.domains.text.request.processors import as_transforms
 
     law = torch.tensor([0.4, 0.3, 0.1, 0.1, 0.05, 0.05]).log()
     spec = DynamicTree(width=3, depth=3, max_children=3)
