@@ -60,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop a row after this text (repeat for several)")
     p.add_argument("--num-return-sequences", type=int, default=1, metavar="N",
                    help="independent continuations per prompt (default 1)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", default=None,
+                       help="constrain the output to this JSON schema (a file; needs speculate[structured])")
+    shape.add_argument("--regex", metavar="R", default=None, help="constrain the output to match this regex")
+    shape.add_argument("--grammar", metavar="FILE", default=None, help="constrain the output to this Lark grammar")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's own, all cores)")
     p.add_argument("--version", action="version", version=f"speculate {_version()}")
@@ -194,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, rng=args.seed, repetition_penalty=args.repetition_penalty,
                   stop_strings=args.stop, num_return_sequences=args.num_return_sequences)
+        if args.json_schema is not None:
+            with open(args.json_schema, encoding="utf-8") as f:
+                kw["json_schema"] = f.read()
+        elif args.grammar is not None:
+            with open(args.grammar, encoding="utf-8") as f:
+                kw["grammar"] = f.read()
+        elif args.regex is not None:
+            kw["regex"] = args.regex
         t0 = time.perf_counter()
         if args.stream:
             sys.stdout.write(args.prompt[0])
@@ -207,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps({"prompts": args.prompt, "texts": out.texts, "new_tokens": n, "seconds": seconds,
                               "tokens_per_second": n / seconds if seconds > 0 else None,
-                              "stats": out.stats.as_dict()}, default=float))
+                              "finish_reasons": out.finish_reasons, "stats": out.stats.as_dict()}, default=float))
         else:
             k = args.num_return_sequences
             blocks = [args.prompt[i // k] + text for i, text in enumerate(out.texts)]

@@ -161,7 +161,8 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
                        stopping_criteria: Any = None, generation_config: Any = None,
                        synced_gpus: bool = False, streamer: Any = None, *, draft: Any = None,
                        lookahead: int | str = 4, verify: str = "block", rng: int | None = None,
-                       cost_ratio: float | None = None,
+                       cost_ratio: float | None = None, json_schema: Any = None, regex: Any = None,
+                       grammar: Any = None, tokenizer: Any = None,
                        inputs_tensor: Any = None, **model_kwargs: Any) -> Any:
     """The decoding loop of ``model.generate(..., custom_generate=speculate_decoding)`` (see the
     module docstring)."""
@@ -188,6 +189,13 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
     gen = _generator(model, draft if draft is not None else "ngram", lookahead, verify, cost_ratio)
     B, W = input_ids.shape
     s = _settings(gc, logits_processor, W)
+    s.constraint = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar))
+                    if v is not None}
+    if len(s.constraint) > 1:
+        raise ValueError(f"give one of json_schema=, regex=, grammar=; got {', '.join(s.constraint)}")
+    tokenizer = tokenizer if tokenizer is not None else seen.get("tokenizer")
+    if s.constraint and tokenizer is not None:
+        gen.tokenizer = tokenizer  # the constraint spells text with it
     mask = model_kwargs.get("attention_mask")
     seed = int(rng) if rng is not None else int(torch.randint(0, 2**62, (1,)).item())
     if seq2seq:  # input_ids: the decoder prompts; the encoder reads inputs_tensor

@@ -33,6 +33,7 @@ from speculate.stats import Stats
 from .models.encoder_decoder import encode
 from .models.facts import check_eval_mode, execution_device
 from .process import TextProcess
+from .request.constraints import grammar_constraints
 from .request.inputs import EncoderInputs, decoder_prompts, encoder_inputs, eos_ids, is_int, pad_id, prompt_ids
 from .request.output import GenerationOutput, joined
 from .request.processors import Transforms
@@ -158,9 +159,15 @@ def prepare(gen: Any, s: Settings, rng: np.random.Generator, *, input_ids: Any =
             raise ValueError(f"{type(gen.target).__name__} is a decoder-only LM: {', '.join(extra)} "
                              "belong to encoder-decoder targets; pass the prompt as input_ids")
         prompts = prompt_ids(input_ids, attention_mask, gen.vocab, gen.tokenizer, pad_id(gen.target, gen.tokenizer))
+    cons = grammar_constraints(gen.tokenizer, gen.vocab, len(prompts), **s.constraint) if s.constraint else None
+    if cons is not None and trees:
+        raise ValueError(f"{', '.join(s.constraint)}= with token trees (tree=) is not supported yet: the tree's "
+                         "nodes would each need the constraint's state after their own path; draft chains "
+                         "(tree=None) with these heads, or a draft model")
     n_ret = s.num_return_sequences
     if n_ret > 1:  # each prompt repeated: independent rows, prompt-major
         prompts = [p for p in prompts for _ in range(n_ret)]
+        cons = None if cons is None else cons.repeat(n_ret)
         if enc is not None:
             enc = EncoderInputs({k: v.repeat_interleave(n_ret, 0) for k, v in enc.tensors.items()},
                                 None if enc.ids is None else [r for r in enc.ids for _ in range(n_ret)],
@@ -183,7 +190,9 @@ def prepare(gen: Any, s: Settings, rng: np.random.Generator, *, input_ids: Any =
         source = 0 if enc is None else _source_length(gen.target, enc)
         gen.limits.check_memory(gen.models(), len(prompts), max(len(p) for p in prompts) + n_new, spare, source)
     tokens = TokenBuffer.from_prompts(prompts, extra=n_new)  # the loop gives no row more
-    transforms = Transforms(cfg, s.before, s.user, s.min_new_tokens, eos)
+    if cons is not None:  # a row whose constraint is met ends at the tokenizer's EOS
+        eos = np.union1d(eos, cons.eos).astype(np.int64)
+    transforms = Transforms(cfg, s.before, s.user, s.min_new_tokens, eos, constraints=cons)
     stop = StopStrings(gen.tokenizer, s.stop_strings).hook(tokens) if s.stop_strings else None
     on_device = (gen.verify_on_device if gen.verify_on_device is not None
                  else execution_device(gen.target).type == "cuda")
@@ -218,10 +227,14 @@ def output_of(gen: Any, req: Request) -> GenerationOutput:
         got = req.process.logprobs
         lp = [[] if got is None else got[r, p : t.n[r]].astype(float).tolist()
               for r, p in enumerate(req.prompt_lengths)]
+    eos = set(np.asarray(req.process.eos).tolist())
+    reasons = ["stop" if t.n[r] - p < req.n_new or (t.n[r] > p and int(t.ids[r, t.n[r] - 1]) in eos) else "length"
+               for r, p in enumerate(req.prompt_lengths)]
     return GenerationOutput(sequences=seqs, prompt_lengths=req.prompt_lengths, stats=req.stats,
                             prefill_time=req.process.prefill_time,
                             wall_time=time.perf_counter() - req.t_start, tokenizer=gen.tokenizer,
-                            logprobs=lp)
+                            logprobs=lp, finish_reasons=reasons)
+
 
 #: makes the running check and set of :func:`_claim` one step across threads
 _RUNNING_LOCK = threading.Lock()

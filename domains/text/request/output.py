@@ -33,6 +33,9 @@ class GenerationOutput:
     ``stats``: the round loop's :class:`speculate.Stats` (``acceptance_rate``, ``alpha``,
     ``tokens_per_call``, ``accepted_per_position`` (the accepted-length histogram),
     ``draft_time``, ``target_time``, ...). ``prefill_time`` and ``wall_time`` are in seconds.
+    ``finish_reasons[r]``: ``"stop"`` (the row ended at an EOS id or a stop string) or ``"length"``
+    (``max_new_tokens`` reached; under ``json_schema=`` / ``regex=`` / ``grammar=`` the text is then a
+    prefix of a valid one, not a valid one).
     ``logprobs[r]`` (with ``output_logprobs=True``): the natural log of the probability of each new
     token of row ``r`` under the law it was drawn from: the target's, after every setting
     (temperature, top-k/p, penalties, processors), as the verifier had it; at temperature 0 that law
@@ -46,6 +49,7 @@ class GenerationOutput:
     wall_time: float
     tokenizer: Any = field(default=None, repr=False, compare=False)
     logprobs: list[list[float]] | None = None
+    finish_reasons: list[str] | None = None
 
     @cached_property
     def texts(self) -> list[str]:
@@ -87,4 +91,5 @@ def joined(parts: Sequence[GenerationOutput], wall_time: float, tokenizer: Any =
     return GenerationOutput(
         sequences=[s for o in parts for s in o.sequences], prompt_lengths=[n for o in parts for n in o.prompt_lengths],
         stats=Stats.merge([o.stats for o in parts]), prefill_time=sum(o.prefill_time for o in parts),
-        wall_time=wall_time, tokenizer=tokenizer, logprobs=lp)
+        wall_time=wall_time, tokenizer=tokenizer, logprobs=lp,
+        finish_reasons=[x for o in parts for x in (o.finish_reasons or [])] or None)

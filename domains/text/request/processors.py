@@ -83,7 +83,7 @@ class Transforms:
     """
 
     def __init__(self, cfg: SamplingConfig, before: Sequence[Any] = (), user: Sequence[Any] = (),
-                 min_new_tokens: int = 0, eos: Sequence[int] | np.ndarray = ()) -> None:
+                 min_new_tokens: int = 0, eos: Sequence[int] | np.ndarray = (), constraints: Any = None) -> None:
         for p in (*before, *user):
             check_processor(p)
         self.cfg = cfg
@@ -91,6 +91,7 @@ class Transforms:
         self.min_new = int(min_new_tokens or 0)
         self.eos = np.asarray(eos, dtype=np.int64).reshape(-1)
         self.checked: set[int] = set()
+        self.constraints = constraints  # request/constraints.Constraints: masks by each position's prefix state
 
     @property
     def greedy(self) -> bool:
@@ -99,7 +100,7 @@ class Transforms:
     @property
     def active(self) -> bool:
         """True when some transform reads the prefix (else only the warpers act)."""
-        return bool(self.before or self.user or (self.min_new > 0 and len(self.eos)))
+        return bool(self.before or self.user or (self.min_new > 0 and len(self.eos)) or self.constraints is not None)
 
     def _call(self, p: Callable, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         out = p(ids.clone(), scores.clone())
@@ -139,7 +140,7 @@ class Transforms:
         n = tokens.n[rows]  # [R]
         lens = n[:, None] + first + np.arange(J)[None, :]  # [R, J] prefix lengths
         new = lens - tokens.prompt_len[rows][:, None]  # [R, J] new tokens in each prefix
-        if not (self.before or self.user):
+        if not (self.before or self.user or self.constraints is not None):
             return self._bar_eos(x, torch.as_tensor(new, device=x.device))
         D = first + J - 1  # drafts any prefix reads
         ext = np.zeros((R, int(n.max()) + max(D, 0)), np.int64)
@@ -148,8 +149,8 @@ class Transforms:
             cols = n[:, None] + np.arange(D)[None, :]  # [R, D]
             ext[np.arange(R)[:, None], cols] = np.asarray(drafts)[:, :D]
         ext_t = torch.from_numpy(ext).to(x.device)
-        x = x.clone()
-        for L in np.unique(lens).tolist():  # one call per prefix length: no padding in any prefix
+        x = x.clone() if (self.before or self.user) else self._bar_eos(x, torch.as_tensor(new, device=x.device))
+        for L in np.unique(lens).tolist() if (self.before or self.user) else []:  # one call per prefix length
             ri, ji = np.nonzero(lens == L)
             ri_t, ji_t = torch.as_tensor(ri, device=x.device), torch.as_tensor(ji, device=x.device)
             ids = ext_t[ri_t, :L]  # [m, L]
@@ -160,6 +161,13 @@ class Transforms:
             for p in self.user:
                 s = self._call(p, ids, s)
             x[ri_t, ji_t] = s
+        if self.constraints is not None:  # each position masked by the state after ITS prefix
+            ri, ji = np.divmod(np.arange(R * J), J)
+            extras = [ext[i, n[i] : lens[i, j]] for i, j in zip(ri.tolist(), ji.tolist(), strict=True)]
+            ok = self.constraints.masks(tokens, rows[ri], extras)  # [R * J, V]
+            V = x.shape[-1]
+            ok = ok[:, :V] if ok.shape[1] >= V else np.pad(ok, ((0, 0), (0, V - ok.shape[1])))
+            x = x.masked_fill(~torch.from_numpy(ok).to(x.device).view(R, J, V), float("-inf"))
         return x
 
     def probs(self, logits: torch.Tensor, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None,
@@ -168,8 +176,9 @@ class Transforms:
         greedy: one-hot on the first argmax of the processed logits."""
         x = self.scores(logits, tokens, rows, drafts, first, dtype)
         if self.active and not bool(torch.isfinite(x.amax(dim=-1)).all()):
-            raise ValueError("the logits processors removed every token at some position (all scores -inf "
-                             "or NaN): check bad_words_ids, min_new_tokens and the logits_processor list")
+            raise ValueError("the logits processors or the constraint removed every token at some position (all "
+                             "scores -inf or NaN): check bad_words_ids, min_new_tokens, the logits_processor list and "
+                             "the json_schema / regex / grammar (a constraint the tokenizer cannot spell)")
         return probabilities(x, self.cfg, dtype)
 
 

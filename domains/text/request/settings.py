@@ -4,7 +4,8 @@ resolved into one :class:`Settings` (keyword arguments win over the config's fie
 Read from either: ``max_new_tokens``, ``do_sample`` (False: greedy), ``temperature``, ``top_k``,
 ``top_p``, ``min_p``, ``typical_p``, ``repetition_penalty``, ``no_repeat_ngram_size``,
 ``bad_words_ids``, ``min_new_tokens``, ``stop_strings``, ``eos_token_id``,
-``num_return_sequences``; plus the user's ``logits_processor`` list. Other fields of a config
+``num_return_sequences``; plus the user's ``logits_processor`` list and a constraint
+(``json_schema``, ``regex`` or ``grammar``: keyword arguments only). Other fields of a config
 that would change the law (beams, guidance, constraints, ...) are refused with a ``ValueError``.
 
 >>> from transformers import GenerationConfig
@@ -50,6 +51,7 @@ class Settings:
     eos_token_id: Any = None  # None: the target's generation_config
     stop_strings: list[str] = field(default_factory=list)
     num_return_sequences: int = 1
+    constraint: dict[str, Any] = field(default_factory=dict)  # json_schema= / regex= / grammar= (one, as given)
 
 
 def _pick(name: str, given: dict[str, Any], config: Any, own: dict[str, Any]) -> Any:
@@ -139,12 +141,19 @@ def resolve(generation_config: Any = None, *, logits_processor: Sequence[Any] | 
     if not all(isinstance(s, str) and s for s in stops):
         raise ValueError(f"stop_strings must be a string or a list of non-empty strings, got {stops!r}")
     user = list(logits_processor or [])
-    return Settings(cfg, before, user, int(mn), int(mx), g["eos_token_id"], stops, int(n_ret))
+    constraint = {k: given[k] for k in CONSTRAINTS if given.get(k) is not None}
+    if len(constraint) > 1:
+        raise ValueError(f"give one of json_schema=, regex=, grammar=; got {', '.join(constraint)}")
+    return Settings(cfg, before, user, int(mn), int(mx), g["eos_token_id"], stops, int(n_ret), constraint)
+
+
+#: what a request may be constrained by (``request/constraints.py``): a JSON schema, a regex, a Lark grammar
+CONSTRAINTS = ("json_schema", "regex", "grammar")
 
 
 #: the generation settings ``generate`` and ``stream`` take as keyword arguments (beyond their named parameters)
 SETTING_NAMES = ("do_sample", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids",
-                 "min_new_tokens", "stop_strings", "num_return_sequences")
+                 "min_new_tokens", "stop_strings", "num_return_sequences", *CONSTRAINTS)
 
 
 def without_token_types(given: dict[str, Any], model: Any) -> dict[str, Any]:
