@@ -1,5 +1,5 @@
 """What the fallback runtime costs: the embedded pair decoded on speculate's position-indexed cache
-against the same pair forced onto transformers' own cache (runtime/transformers_cache.py, the path a
+against the same pair forced onto transformers' own cache (domains/text/models/transformers_cache.py, the path a
 model the fast path refuses takes), alternately, batch 1 and 8, CPU, one thread.
 
     python benchmarks/text/bench_fallback.py            # writes results/text_fallback.{json,md}

@@ -250,7 +250,7 @@ def test_models_without_a_position_table_have_no_length_limit(make_llama):
 @pytest.mark.parametrize("family", ["gpt_neo", "rwkv", "recurrent_gemma"])
 def test_a_family_the_cache_cannot_serve_runs_on_the_fallback_with_the_reason(family):
     """A family the position-indexed cache cannot serve runs through transformers' own cache, with a
-    warning naming the family, the reason and the installed transformers (domains/text/families.py)."""
+    warning naming the family, the reason and the installed transformers (tests/text/families.py)."""
     from families import family as row
     from families import tiny_model
     from speculate.domains.text.models.pick import FallbackWarning

@@ -1,6 +1,6 @@
 """Recurrent layers in the position-indexed cache: a rollback restores the exact state.
 
-For every recurrent family of ``domains/text/families.py`` (tiny random models, float64): rows of
+For every recurrent family of ``tests/text/families.py`` (tiny random models, float64): rows of
 different prompt lengths are prefilled together, fed a block of k+1 tokens, and row r keeps r of
 them (rejection at every position of the block, all kept, none kept); each row's convolution
 window and recurrent state must then equal those of a fresh run on its kept prefix alone, and its
