@@ -162,7 +162,7 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
                        synced_gpus: bool = False, streamer: Any = None, *, draft: Any = None,
                        lookahead: int | str = 4, verify: str = "block", rng: int | None = None,
                        cost_ratio: float | None = None, json_schema: Any = None, regex: Any = None,
-                       grammar: Any = None, tokenizer: Any = None,
+                       grammar: Any = None, grammar_tokenizer: Any = None,
                        inputs_tensor: Any = None, **model_kwargs: Any) -> Any:
     """The decoding loop of ``model.generate(..., custom_generate=speculate_decoding)`` (see the
     module docstring)."""
@@ -193,7 +193,9 @@ def speculate_decoding(model: Any, input_ids: torch.Tensor, logits_processor: An
                     if v is not None}
     if len(s.constraint) > 1:
         raise ValueError(f"give one of json_schema=, regex=, grammar=; got {', '.join(s.constraint)}")
-    tokenizer = tokenizer if tokenizer is not None else seen.get("tokenizer")
+    # transformers' generate() drops tokenizer= before a custom_generate callable sees it: the
+    # constraint's tokenizer comes as grammar_tokenizer=
+    tokenizer = grammar_tokenizer if grammar_tokenizer is not None else seen.get("tokenizer")
     if s.constraint and tokenizer is not None:
         gen.tokenizer = tokenizer  # the constraint spells text with it
     mask = model_kwargs.get("attention_mask")

@@ -4,7 +4,8 @@ The exact law of the first three constrained tokens is computed without the code
 language of the regex is enumerated (16 strings), and a stateless processor masks each prefix to
 the bytes that keep it a prefix of one of them (EOS once it is whole); ``continuation_law`` then
 scores every prefix in float64. The sampled law must match it (chi-square at alpha 1e-6, sample size
-for total variation 0.05 with power 0.99; 4 checks: token and block rules x model and n-gram drafts).
+for total variation 0.05 with power 0.99; one check per case: token and block rules x model and n-gram
+drafts, two of the four under the ``slow`` marker).
 Planted bugs must be caught: the target masked with the state after the committed tokens only (loud:
 a committed token the state refuses raises), and the mask applied after top-p (silent: valid text,
 wrong law; the chi-square test fails).
@@ -86,8 +87,9 @@ def _case(target, draft, verify, tv=0.05):
                            sample=sample, law=law, n=chi2_sample_size(tv, cells))
 
 
-@pytest.mark.parametrize("verify", ["token", "block"])
-@pytest.mark.parametrize("kind", ["model", "ngram"])
+@pytest.mark.parametrize(("verify", "kind"), [
+    ("block", "model"), ("token", "ngram"),
+    pytest.param("token", "model", marks=pytest.mark.slow), pytest.param("block", "ngram", marks=pytest.mark.slow)])
 def test_the_constrained_law_is_the_constrained_targets(verify, kind):
     target = _target()
     draft = perturbed(target, scale=0.3) if kind == "model" else "ngram"
@@ -177,3 +179,123 @@ def test_a_constraint_needs_the_tokenizer():
     gen = SpeculativeGenerator(_target(), "ngram")
     with pytest.raises(ValueError, match="needs the generator's tokenizer"):
         gen.generate([[1, 2]], max_new_tokens=4, regex="a+")
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "ok": {"type": "boolean"}},
+          "required": ["name", "n", "ok"], "additionalProperties": False}
+
+
+def _embedded_validity(n_rows: int):
+    import re
+
+    jsonschema = pytest.importorskip("jsonschema")
+    from speculate.domains.text import load_pair
+
+    target, draft, tok = load_pair()
+    gen = SpeculativeGenerator(target, draft, lookahead=4, tokenizer=tok)
+    prompts = ["def f():\n    return ", "config = ", "# a record\n", "x = "]
+    out = gen.generate([prompts[i % 4] for i in range(n_rows)], max_new_tokens=96, rng=5, json_schema=SCHEMA,
+                       batch_size=64)
+    assert out.finish_reasons.count("stop") == n_rows  # compact JSON of this schema fits in 96 bytes
+    for text in out.texts:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    regex = r"[a-z_]{1,12}\([0-9]{1,3}\)"
+    out = gen.generate([prompts[i % 4] for i in range(n_rows)], max_new_tokens=24, rng=6, regex=regex, batch_size=64)
+    assert out.finish_reasons.count("stop") == n_rows  # at most 17 bytes
+    assert all(re.fullmatch(regex, t) for t in out.texts)
+
+
+def test_the_embedded_pair_gives_valid_json_and_regex_matches():
+    _embedded_validity(64)
+
+
+@pytest.mark.slow
+def test_a_thousand_generations_of_the_embedded_pair_are_valid():
+    _embedded_validity(1000)
+
+
+def test_speculate_decoding_and_the_cli_take_a_constraint(tmp_path):
+    import subprocess
+    import sys
+
+    from speculate.domains.text import load_pair, speculate_decoding
+
+    target, draft, tok = load_pair()
+    ids = tok(["config = "], return_tensors="pt")
+    out = target.generate(**ids, custom_generate=speculate_decoding, assistant_model=draft, grammar_tokenizer=tok,
+                          json_schema=SCHEMA, max_new_tokens=96, do_sample=True, rng=0)
+    text = tok.decode(out[0, ids.input_ids.shape[1]:], skip_special_tokens=True)
+    assert set(json.loads(text)) == {"name", "n", "ok"}
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    r = subprocess.run([sys.executable, "-m", "speculate", "generate", "--prompt", "x = ", "--json-schema", str(schema),
+                        "--max-new-tokens", "96", "--json", "--threads", "1"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["finish_reasons"] == ["stop"] and set(json.loads(res["texts"][0])) == {"name", "n", "ok"}
+
+
+class NoRepeat:
+    """A user's constraint (the RowConstraint protocol): never the same token twice in a row."""
+
+    def __init__(self):
+        self.seen: list[int] = []
+
+    def advance(self, tokens):
+        for i, t in enumerate(tokens):
+            if self.seen and t == self.seen[-1]:
+                return i  # consumed the tokens before this one
+            self.seen.append(int(t))
+        return len(tokens)
+
+    def rollback(self, n):
+        del self.seen[len(self.seen) - n:]
+
+    def allowed(self, vocab):
+        ok = np.ones(vocab, bool)
+        if self.seen:
+            ok[self.seen[-1]] = False
+        return ok
+
+
+class NoRepeatOracle:
+    """The same rule, stateless, from the prefix alone (for the exact law)."""
+
+    def __init__(self, prompt_len):
+        self.prompt_len = prompt_len
+
+    def __call__(self, input_ids, scores):
+        out = scores.clone()
+        for i, ids in enumerate(input_ids.tolist()):
+            if len(ids) > self.prompt_len:
+                out[i, ids[-1]] = float("-inf")
+        return out
+
+
+def test_a_users_own_constraint_has_the_exact_law():
+    target = tiny_llama(vocab=16, dtype=torch.float64, init_std=0.3, rng=4)
+    cfg = SamplingConfig(temperature=1.0, top_k=3, top_p=None)
+    prompts = ([1, 5, 5, 2], [3, 3])
+    law = {}
+    for i, p in enumerate(prompts):
+        tr = Transforms(cfg, user=[NoRepeatOracle(len(p))])
+        law |= {(i, *s): w / 2 for s, w in continuation_law(target, p, 3, cfg, [], transforms=tr).items()}
+    gen = SpeculativeGenerator(target, perturbed(target), lookahead=2, verify="block")
+
+    def sample(count, seed):
+        rng = np.random.default_rng(seed)
+        which = rng.integers(0, 2, count)
+        out = []
+        for lo in range(0, count, 1024):
+            part = which[lo : lo + 1024]
+            res = gen.generate([prompts[w] for w in part], max_new_tokens=3, rng=rng, top_k=3, eos_token_id=[],
+                               constraint=NoRepeat())
+            out += [(int(w), *t) for w, t in zip(part, res.new_tokens, strict=True)]
+        return out
+
+    cells = sum(1 for w in law.values() if w > 0)
+    check_conformance(ConformanceCase("a user's constraint (no repeat), block, top-k 3", sample, law,
+                                      chi2_sample_size(0.05, cells)), seed=2)

@@ -37,6 +37,7 @@ schema, regex, Lark grammar; ``pip install "speculate[structured]"``); a user ma
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -74,6 +75,7 @@ class Constraints:
         self.vocab = int(vocab)
         self.eos = np.asarray(eos, np.int64).reshape(-1)  # what a row may end with once its constraint is met
         self.synced = np.full(len(self.rows), -1, np.int64)  # per row: buffer tokens the state has consumed
+        self.seconds = 0.0  # time spent in the constraints (advance, masks, rollback): benchmarks read it
 
     def repeat(self, n: int) -> Constraints:
         """Each row's constraint for ``n`` rows in a row (``num_return_sequences``): fresh copies."""
@@ -99,6 +101,7 @@ class Constraints:
         """bool ``[m, vocab]``: item ``i`` is buffer row ``rows[i]``, its committed tokens, then ``extras[i]``
         (drafts); all True for a row without a constraint, or a prefix its constraint can never reach (a
         draft it does not allow: the target gives that draft probability 0, so nothing there is used)."""
+        t0 = time.perf_counter()
         out = np.ones((len(rows), self.vocab), bool)
         order = sorted(range(len(rows)), key=lambda i: (int(rows[i]), len(extras[i])))
         row_in_hand, c = -1, None
@@ -126,6 +129,7 @@ class Constraints:
                 out[i] = self._allowed(c)
         if c is not None:
             c.rollback(good)
+        self.seconds += time.perf_counter() - t0
         return out
 
     def _allowed(self, c: RowConstraint) -> np.ndarray:
@@ -202,7 +206,9 @@ def _grammar(kind: str, spec: Any) -> str:
                 raise ValueError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(spec, dict):
             raise TypeError(f"json_schema must be a dict (or its JSON text), got {type(spec).__name__}")
-        return llguidance.LLMatcher.grammar_from_json_schema(spec)
+        # compact JSON unless the schema's "x-guidance" says otherwise: with free whitespace a model can
+        # spend its whole budget on spaces and newlines between two keys
+        return llguidance.LLMatcher.grammar_from_json_schema(spec, defaults={"whitespace_flexible": False})
     if not isinstance(spec, str):
         raise TypeError(f"{kind} must be a string, got {type(spec).__name__}")
     if kind == "regex":
@@ -212,15 +218,24 @@ def _grammar(kind: str, spec: Any) -> str:
 
 def grammar_constraints(tokenizer: Any, vocab: int, n_rows: int, eos: Sequence[int] = (),
                         **specs: Any) -> Constraints | None:
-    """The :class:`Constraints` of a request from ``json_schema=``, ``regex=`` or ``grammar=`` (Lark): one
-    spec for every row, or a list of ``n_rows`` (None for a row without a constraint). Every spec is
+    """The :class:`Constraints` of a request from ``json_schema=``, ``regex=`` or ``grammar=`` (Lark), or
+    ``constraint=`` (the caller's own :class:`RowConstraint`; one is copied for every row): one spec for
+    every row, or a list of ``n_rows`` (None for a row without a constraint). Every spec is
     compiled and checked against the tokenizer before any work (``ValueError`` with llguidance's message)."""
     given = {k: v for k, v in specs.items() if v is not None}
     if not given:
         return None
     if len(given) > 1:
-        raise ValueError(f"give one of json_schema=, regex=, grammar=; got {', '.join(given)}")
+        raise ValueError(f"give one of json_schema=, regex=, grammar=, constraint=; got {', '.join(given)}")
     (kind, spec), = given.items()
+    if kind == "constraint":  # the user's own RowConstraint: one for all rows (copied), or one per row
+        import copy
+
+        per_row = list(spec) if isinstance(spec, (list, tuple)) else [copy.deepcopy(spec) for _ in range(n_rows)]
+        if len(per_row) != n_rows:
+            raise ValueError(f"constraint: {len(per_row)} constraints for {n_rows} prompts; give one, or one per "
+                             "prompt")
+        return Constraints(per_row, vocab, eos)
     if tokenizer is None:
         raise ValueError(f"{kind}= needs the generator's tokenizer (SpeculativeGenerator(..., tokenizer=tok)): "
                          "the constraint is on text, the model's tokens are spelled by the tokenizer")

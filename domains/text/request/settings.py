@@ -5,7 +5,7 @@ Read from either: ``max_new_tokens``, ``do_sample`` (False: greedy), ``temperatu
 ``top_p``, ``min_p``, ``typical_p``, ``repetition_penalty``, ``no_repeat_ngram_size``,
 ``bad_words_ids``, ``min_new_tokens``, ``stop_strings``, ``eos_token_id``,
 ``num_return_sequences``; plus the user's ``logits_processor`` list and a constraint
-(``json_schema``, ``regex`` or ``grammar``: keyword arguments only). Other fields of a config
+(``json_schema``, ``regex``, ``grammar`` or ``constraint``: keyword arguments only). Other fields of a config
 that would change the law (beams, guidance, constraints, ...) are refused with a ``ValueError``.
 
 >>> from transformers import GenerationConfig
@@ -143,12 +143,12 @@ def resolve(generation_config: Any = None, *, logits_processor: Sequence[Any] | 
     user = list(logits_processor or [])
     constraint = {k: given[k] for k in CONSTRAINTS if given.get(k) is not None}
     if len(constraint) > 1:
-        raise ValueError(f"give one of json_schema=, regex=, grammar=; got {', '.join(constraint)}")
+        raise ValueError(f"give one of json_schema=, regex=, grammar=, constraint=; got {', '.join(constraint)}")
     return Settings(cfg, before, user, int(mn), int(mx), g["eos_token_id"], stops, int(n_ret), constraint)
 
 
 #: what a request may be constrained by (``request/constraints.py``): a JSON schema, a regex, a Lark grammar
-CONSTRAINTS = ("json_schema", "regex", "grammar")
+CONSTRAINTS = ("json_schema", "regex", "grammar", "constraint")
 
 
 #: the generation settings ``generate`` and ``stream`` take as keyword arguments (beyond their named parameters)
