@@ -18,6 +18,7 @@ at the end, on an error, or when the caller stops), :func:`output_of` reads its 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -105,7 +106,10 @@ def run_chunked(gen: Any, request: dict[str, Any], s: Settings, rng: Any, stream
     with progress_bar(len(prompts), "generate", enabled=progress, unit="prompt") as bar:
         for i in range(0, len(prompts), batch_size):
             chunk = [p.tolist() for p in prompts[i : i + batch_size]]
-            req = prepare(gen, s, rng, input_ids=chunk, logprobs=logprobs)
+            part = s if not any(isinstance(v, (list, tuple)) for v in s.constraint.values()) else dataclasses.replace(
+                s, constraint={k: list(v)[i : i + batch_size] if isinstance(v, (list, tuple)) else v
+                               for k, v in s.constraint.items()})  # one constraint per prompt: this chunk's
+            req = prepare(gen, part, rng, input_ids=chunk, logprobs=logprobs)
             for _ in rounds_of(gen, req):
                 pass
             outs.append(output_of(gen, req))
@@ -160,10 +164,6 @@ def prepare(gen: Any, s: Settings, rng: np.random.Generator, *, input_ids: Any =
                              "belong to encoder-decoder targets; pass the prompt as input_ids")
         prompts = prompt_ids(input_ids, attention_mask, gen.vocab, gen.tokenizer, pad_id(gen.target, gen.tokenizer))
     cons = grammar_constraints(gen.tokenizer, gen.vocab, len(prompts), **s.constraint) if s.constraint else None
-    if cons is not None and trees:
-        raise ValueError(f"{', '.join(s.constraint)}= with token trees (tree=) is not supported yet: the tree's "
-                         "nodes would each need the constraint's state after their own path; draft chains "
-                         "(tree=None) with these heads, or a draft model")
     n_ret = s.num_return_sequences
     if n_ret > 1:  # each prompt repeated: independent rows, prompt-major
         prompts = [p for p in prompts for _ in range(n_ret)]

@@ -67,8 +67,8 @@ def _law(target):
     return law
 
 
-def _case(target, draft, verify, tv=0.05):
-    gen = SpeculativeGenerator(target, draft, lookahead=3, verify=verify, tokenizer=TOK)
+def _case(target, draft, verify, tv=0.05, **kw):
+    gen = SpeculativeGenerator(target, draft, lookahead=kw.pop("lookahead", 3), verify=verify, tokenizer=TOK, **kw)
     law = _law(target)
 
     def sample(count, seed):
@@ -94,6 +94,15 @@ def test_the_constrained_law_is_the_constrained_targets(verify, kind):
     target = _target()
     draft = perturbed(target, scale=0.3) if kind == "model" else "ngram"
     check_conformance(_case(target, draft, verify), seed=11)
+
+
+def test_the_constrained_law_with_token_trees():
+    """Token trees (Medusa heads, a static tree of 2 x 2): every node masked with the state after its path."""
+    from speculate.domains.text.training.heads import MedusaHeads
+
+    target = _target()
+    heads = MedusaHeads.for_target(target, n_heads=2).double().eval()
+    check_conformance(_case(target, heads, "token", tree=[2, 2], lookahead=None), seed=13)
 
 
 def test_a_target_masked_with_the_committed_state_is_caught(monkeypatch):
@@ -299,3 +308,21 @@ def test_a_users_own_constraint_has_the_exact_law():
     cells = sum(1 for w in law.values() if w > 0)
     check_conformance(ConformanceCase("a user's constraint (no repeat), block, top-k 3", sample, law,
                                       chi2_sample_size(0.05, cells)), seed=2)
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram", "early-exit:1", "medusa", "eagle"])
+def test_every_chain_draft_decodes_greedily_like_plain_constrained_decoding(kind):
+    from speculate.domains.text.training.feature_draft import FeatureDraft
+    from speculate.domains.text.training.heads import MedusaHeads
+
+    target = _target()
+    draft = {"model": perturbed(target, scale=0.3), "ngram": "ngram", "early-exit:1": "early-exit:1",
+             "medusa": MedusaHeads.for_target(target, n_heads=3).double().eval(),
+             "eagle": FeatureDraft.for_target(target).double().eval()}[kind]
+    prompts = ["id: ", "key=", "x"]
+    regex = ["[ab][0-3][xy]", "(yes|no|maybe)", "[0-9]{2,5}"]
+    plain = SpeculativeGenerator(target, "ngram", lookahead=0, tokenizer=TOK)
+    want = plain.generate(prompts, max_new_tokens=8, temperature=0, regex=regex, eos_token_id=[EOS])
+    gen = SpeculativeGenerator(target, draft, lookahead=3, tokenizer=TOK)
+    got = gen.generate(prompts, max_new_tokens=8, temperature=0, regex=regex, eos_token_id=[EOS], batch_size=2)
+    assert got.new_tokens == want.new_tokens and got.finish_reasons == want.finish_reasons == ["stop"] * 3
