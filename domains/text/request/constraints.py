@@ -4,11 +4,13 @@ speculation.
 A constraint is a stateful processor with rollback, one per row (:class:`RowConstraint`): it holds
 the state after the row's committed new tokens, and answers, for any prefix that extends them (the
 drafts before a position), which tokens may come next. Under a constraint the law of the next token
-is the target's law masked by the state after THAT position's prefix and renormalised: the target
-is masked with the state after the committed tokens and the drafts before each verified position,
-the draft with the state after its OWN drafted prefix at each drafted position (a draft masked with
-another state, or a state not rolled back after a round, gives valid text with the wrong law:
-``proofs/12-constrained-decoding.md``).
+is the target's law masked by the state after THAT position's prefix and renormalised, then warped
+(temperature, top-k, top-p): the target is masked at each verified position with the state after the
+committed tokens and the drafts before it. A draft may sample from any law as long as it reports that
+law; masking it with the state after its OWN drafted prefix only raises acceptance (a token the state
+refuses is always rejected). What gives valid text with the wrong law: the target masked with another
+state, the warper applied before the mask, a reported law that is not the one sampled, a state not
+rolled back after a round (``proofs/12-constrained-decoding.md``).
 
 :class:`Constraints` drives the per-row states for :class:`~.processors.Transforms`: before a call it
 advances each row by the tokens committed since (never rolled back), then for each position consumes
