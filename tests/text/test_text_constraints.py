@@ -108,12 +108,13 @@ def test_the_constrained_law_with_token_trees():
 def test_a_target_masked_with_the_committed_state_is_caught(monkeypatch):
     """The bug this design guards against: every verified position masked with the state after the
     committed tokens (the drafts before it ignored)."""
-    real = cmod.Constraints.masks
+    real = cmod.Constraints.chain_masks
 
-    def stale(self, tokens, rows, extras):
-        return real(self, tokens, rows, [e[:0] for e in extras])
+    def stale(self, tokens, rows, drafts, first, J):
+        one = real(self, tokens, rows, None, 0, 1)  # [R, 1, V]: the committed state's mask
+        return np.repeat(one, J, axis=1)
 
-    monkeypatch.setattr(cmod.Constraints, "masks", stale)
+    monkeypatch.setattr(cmod.Constraints, "chain_masks", stale)
     target = _target()
     with pytest.raises((AssertionError, RuntimeError, ValueError)):
         check_conformance(_case(target, perturbed(target, scale=0.3), "block"), seed=11)

@@ -77,6 +77,8 @@ class Constraints:
         self.vocab = int(vocab)
         self.eos = np.asarray(eos, np.int64).reshape(-1)  # what a row may end with once its constraint is met
         self.synced = np.full(len(self.rows), -1, np.int64)  # per row: buffer tokens the state has consumed
+        self._eos = set(self.eos.tolist())
+        self._memo: dict[int, dict[tuple, np.ndarray]] = {}  # row -> {drafts: mask} since its last commit
         self.seconds = 0.0  # time spent in the constraints (advance, masks, rollback): benchmarks read it
 
     def repeat(self, n: int) -> Constraints:
@@ -91,6 +93,7 @@ class Constraints:
         start = int(tokens.prompt_len[row]) if self.synced[row] < 0 else int(self.synced[row])
         n = int(tokens.n[row])
         if n > start:
+            self._memo.pop(row, None)  # masks of the last round's prefixes: stale now
             new = tokens.ids[row, start:n].tolist()
             took = c.advance(new)
             if took != len(new):
@@ -134,6 +137,79 @@ class Constraints:
         self.seconds += time.perf_counter() - t0
         return out
 
+    def chain_masks(self, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None, first: int, J: int) -> np.ndarray:
+        """bool ``[R, J, vocab]``: position ``j`` of row ``i`` has the prefix: the committed tokens, then
+        ``drafts[i, :first + j]`` (what :class:`~.processors.Transforms` scores: a chain). The same masks as
+        :meth:`masks`; grammar rows in one native call for all their positions and rows."""
+        R = len(rows)
+        drafts = np.zeros((R, 0), np.int64) if drafts is None else np.asarray(drafts)
+        grammar = [i for i in range(R) if isinstance(self.rows[int(rows[i])], GrammarConstraint)]
+        if not grammar or len(np.unique(rows)) < R:  # a row twice (tree nodes): one state, prefix by prefix
+            extras = [drafts[i, : first + j] for i in range(R) for j in range(J)]
+            return self.masks(tokens, np.repeat(rows, J), extras).reshape(R, J, self.vocab)
+        t0 = time.perf_counter()
+        out = np.ones((R, J, self.vocab), bool)
+        others = [i for i in range(R) if i not in set(grammar) and self.rows[int(rows[i])] is not None]
+        words = (self.rows[int(rows[grammar[0]])].n_tok + 31) // 32
+        bits = np.zeros((R * J, words), np.int32)
+        jobs, undo, start, fresh = [], [], {}, {}
+        for i in grammar:
+            row = int(rows[i])
+            c = self._sync(tokens, row)
+            memo = self._memo.setdefault(row, {})  # masks of this row's prefixes since its last commit
+            d = drafts[i, : first + J - 1].tolist()
+            m = 0  # the first positions a draft step already asked for (the target asks again)
+            while m < J and tuple(d[: first + m]) in memo:
+                out[i, m] = memo[tuple(d[: first + m])]
+                m += 1
+            start[i] = m
+            if m == J:
+                continue
+            head = d[: first + m]
+            took = c.advance(head) if head else 0
+            undo.append((c, took))
+            if took < len(head):  # a draft before these positions is refused: nothing is reachable
+                bits[i * J + m : (i + 1) * J] = -1
+                continue
+            tail = d[first + m : first + J - 1]
+            ok = c.matcher.validate_tokens(tail) if tail else 0
+            end = next((j for j, t in enumerate(tail[:ok]) if t in self._eos), ok)  # a row ends at its EOS
+            jobs.append((c.matcher, i * J + m, tail[:end]))
+            fresh[i] = m + end  # positions m .. m + end are computed; past them unreachable, all allowed
+            bits[i * J + m + end + 1 : (i + 1) * J] = -1
+        if 0 < len(jobs) <= 2:  # a row or two: directly (a pool's hand-off costs more than the masks)
+            for matcher, k, d in jobs:
+                for j in range(len(d) + 1):
+                    bits[k + j] = np.frombuffer(matcher.compute_bitmask(), np.int32)[:words]
+                    if j < len(d):
+                        matcher.consume_token(d[j])
+                matcher.rollback(len(d))
+        elif jobs:
+            import llguidance.numpy as lln
+
+            with_drafts = [j for j in jobs if j[2]]
+            if with_drafts:
+                lln.fill_next_token_bitmask_par_with_draft_tokens(_executor(), with_drafts, bits)
+            alone = [(m, k) for m, k, d in jobs if not d]  # llguidance wants at least one draft token above
+            if alone:
+                lln.fill_next_token_bitmask_par(_executor(), alone, bits)
+        for c, took in undo:
+            c.rollback(took)
+        allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab].astype(bool)
+        if allowed.shape[1] < self.vocab:
+            allowed = np.pad(allowed, ((0, 0), (0, self.vocab - allowed.shape[1])))
+        for i in grammar:
+            m = start[i]
+            out[i, m:] = allowed[i * J + m : (i + 1) * J]
+            memo = self._memo[int(rows[i])]
+            for j in range(m, fresh.get(i, m - 1) + 1):
+                memo[tuple(drafts[i, : first + j].tolist())] = out[i, j]
+        self.seconds += time.perf_counter() - t0
+        if others:
+            extras = [drafts[i, : first + j] for i in others for j in range(J)]
+            out[others] = self.masks(tokens, np.repeat(rows[others], J), extras).reshape(len(others), J, self.vocab)
+        return out
+
     def _allowed(self, c: RowConstraint) -> np.ndarray:
         a = np.asarray(c.allowed(self.vocab), bool)
         if a.shape != (self.vocab,):
@@ -171,6 +247,18 @@ class GrammarConstraint:
         bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
         ok = np.unpackbits(bits, bitorder="little")[: min(self.n_tok, vocab)].astype(bool)
         return ok if len(ok) == vocab else np.concatenate([ok, np.zeros(vocab - len(ok), bool)])
+
+
+_EXECUTOR: list[Any] = []
+
+
+def _executor() -> Any:
+    """llguidance's thread pool for masks of many rows at once (one per process)."""
+    if not _EXECUTOR:
+        import llguidance
+
+        _EXECUTOR.append(llguidance.LLExecutor())
+    return _EXECUTOR[0]
 
 
 #: one LLTokenizer per tokenizer object (building one reads the whole vocabulary)

@@ -162,12 +162,10 @@ class Transforms:
                 s = self._call(p, ids, s)
             x[ri_t, ji_t] = s
         if self.constraints is not None:  # each position masked by the state after ITS prefix
-            ri, ji = np.divmod(np.arange(R * J), J)
-            extras = [ext[i, n[i] : lens[i, j]] for i, j in zip(ri.tolist(), ji.tolist(), strict=True)]
-            ok = self.constraints.masks(tokens, rows[ri], extras)  # [R * J, V]
+            ok = self.constraints.chain_masks(tokens, rows, drafts, first, J)  # [R, J, V']
             V = x.shape[-1]
-            ok = ok[:, :V] if ok.shape[1] >= V else np.pad(ok, ((0, 0), (0, V - ok.shape[1])))
-            x = x.masked_fill(~torch.from_numpy(ok).to(x.device).view(R, J, V), float("-inf"))
+            ok = ok[..., :V] if ok.shape[-1] >= V else np.pad(ok, ((0, 0), (0, 0), (0, V - ok.shape[-1])))
+            x = x.masked_fill(~torch.from_numpy(ok).to(x.device), float("-inf"))
         return x
 
     def probs(self, logits: torch.Tensor, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None,
