@@ -471,8 +471,9 @@ class AutomatonRow:
 
 def test_constraints_masks_code_path():
     """``Constraints.masks`` gives every prefix (committed tokens, then drafts) the allowed set of the state
-    after it (all True after a refused draft), rolls the drafts back (the state is the committed one after
-    the call), follows the committed tokens across rounds, and raises on a committed token the state refuses."""
+    after it (all True after a refused draft); the state is the one after the committed tokens and the drafts
+    it holds (rolled back when the next committed tokens come, or by ``release``), follows the committed
+    tokens across rounds, and raises on a committed token the state refuses."""
     constraints = pytest.importorskip("speculate.domains.text.request.constraints")
     tokens_mod = pytest.importorskip("speculate.domains.text.request.tokens")
     V = 4
@@ -499,9 +500,12 @@ def test_constraints_masks_code_path():
                 s = aut.run(done + e) if rows[r] is not None else None
                 want = np.ones(V, bool) if s is None else np.isin(np.arange(V), sorted(aut.allowed[s]))
                 assert (m == want).all(), (r, e)
-            for r in (0, 2):  # rolled back: the state is the one after the committed tokens
+            for r in (0, 2):  # the state: after the committed tokens and the drafts in hand (rolled back later)
                 done = tuple(buf.ids[r, buf.prompt_len[r]:buf.n[r]].tolist())
-                assert rows[r].states[-1] == aut.run(done)
+                assert rows[r].states[-1] == aut.run(done + tuple(c._held.get(r, [])))
+        c.release()
+        for r in (0, 2):  # release: back to the committed tokens
+            assert rows[r].states[-1] == aut.run(tuple(buf.ids[r, buf.prompt_len[r]:buf.n[r]].tolist()))
         done = tuple(buf.ids[0, buf.prompt_len[0]:buf.n[0]].tolist())
         refused = [x for x in range(V) if x not in aut.allowed[aut.run(done)]]
         if refused:  # loud: a committed token the state refuses

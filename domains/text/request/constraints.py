@@ -79,6 +79,7 @@ class Constraints:
         self.synced = np.full(len(self.rows), -1, np.int64)  # per row: buffer tokens the state has consumed
         self._eos = set(self.eos.tolist())
         self._memo: dict[int, dict[tuple, np.ndarray]] = {}  # row -> {drafts: mask} since its last commit
+        self._held: dict[int, list[int]] = {}  # row -> the drafts its state has consumed past the committed tokens
         self.seconds = 0.0  # time spent in the constraints (advance, masks, rollback): benchmarks read it
 
     def repeat(self, n: int) -> Constraints:
@@ -94,6 +95,7 @@ class Constraints:
         n = int(tokens.n[row])
         if n > start:
             self._memo.pop(row, None)  # masks of the last round's prefixes: stale now
+            c.rollback(len(self._held.pop(row, [])))  # the drafts in hand: the committed tokens come instead
             new = tokens.ids[row, start:n].tolist()
             took = c.advance(new)
             if took != len(new):
@@ -102,6 +104,27 @@ class Constraints:
         self.synced[row] = n
         return c
 
+    def _goto(self, row: int, c: RowConstraint, prefix: list[int]) -> bool:
+        """Move the row's state to the committed tokens then ``prefix`` (rolling back only what differs
+        from the drafts in hand); False when the state refuses a token of ``prefix`` (it stops before it)."""
+        held = self._held.setdefault(row, [])
+        keep = 0
+        while keep < min(len(held), len(prefix)) and held[keep] == prefix[keep]:
+            keep += 1
+        if len(held) > keep:
+            c.rollback(len(held) - keep)
+            del held[keep:]
+        if len(prefix) > keep:
+            took = c.advance(prefix[keep:])
+            held += prefix[keep : keep + took]
+        return len(held) == len(prefix)
+
+    def release(self) -> None:
+        """Roll every row back to its committed tokens (the drafts in hand dropped)."""
+        for row, held in self._held.items():
+            self.rows[row].rollback(len(held))
+        self._held.clear()
+
     def masks(self, tokens: Any, rows: np.ndarray, extras: Sequence[np.ndarray]) -> np.ndarray:
         """bool ``[m, vocab]``: item ``i`` is buffer row ``rows[i]``, its committed tokens, then ``extras[i]``
         (drafts); all True for a row without a constraint, or a prefix its constraint can never reach (a
@@ -109,31 +132,13 @@ class Constraints:
         t0 = time.perf_counter()
         out = np.ones((len(rows), self.vocab), bool)
         order = sorted(range(len(rows)), key=lambda i: (int(rows[i]), len(extras[i])))
-        row_in_hand, c = -1, None
-        stack: list[int] = []  # the prefix in hand (drafts after the committed tokens)
-        good = 0  # its first ``good`` tokens are consumed; a longer stack holds a token the state refuses
         for i in order:
             row = int(rows[i])
             if self.rows[row] is None:
                 continue
-            if row != row_in_hand:
-                if c is not None:
-                    c.rollback(good)
-                row_in_hand, c, stack, good = row, self._sync(tokens, row), [], 0
-            e = [int(t) for t in extras[i]]
-            keep = 0  # tokens this prefix shares with the one in hand
-            while keep < min(len(stack), len(e)) and stack[keep] == e[keep]:
-                keep += 1
-            if good > keep:
-                c.rollback(good - keep)
-                good = keep
-            if good == keep and len(e) > keep:
-                good += c.advance(e[keep:])
-            stack = e
-            if good == len(e):
+            c = self._sync(tokens, row)
+            if self._goto(row, c, [int(t) for t in extras[i]]):
                 out[i] = self._allowed(c)
-        if c is not None:
-            c.rollback(good)
         self.seconds += time.perf_counter() - t0
         return out
 
@@ -152,7 +157,7 @@ class Constraints:
         others = [i for i in range(R) if i not in set(grammar) and self.rows[int(rows[i])] is not None]
         words = (self.rows[int(rows[grammar[0]])].n_tok + 31) // 32
         bits = np.zeros((R * J, words), np.int32)
-        jobs, undo, start, fresh = [], [], {}, {}
+        jobs, start, fresh = [], {}, {}
         for i in grammar:
             row = int(rows[i])
             c = self._sync(tokens, row)
@@ -165,10 +170,7 @@ class Constraints:
             start[i] = m
             if m == J:
                 continue
-            head = d[: first + m]
-            took = c.advance(head) if head else 0
-            undo.append((c, took))
-            if took < len(head):  # a draft before these positions is refused: nothing is reachable
+            if not self._goto(row, c, d[: first + m]):  # a draft before these positions is refused: unreachable
                 bits[i * J + m : (i + 1) * J] = -1
                 continue
             tail = d[first + m : first + J - 1]
@@ -193,8 +195,6 @@ class Constraints:
             alone = [(m, k) for m, k, d in jobs if not d]  # llguidance wants at least one draft token above
             if alone:
                 lln.fill_next_token_bitmask_par(_executor(), alone, bits)
-        for c, took in undo:
-            c.rollback(took)
         allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab].astype(bool)
         if allowed.shape[1] < self.vocab:
             allowed = np.pad(allowed, ((0, 0), (0, self.vocab - allowed.shape[1])))
