@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from speculate.domains.shared.gaussian_drift import check_cost_ratio, check_lookahead, is_int
 
 from speculate.errors import add_note
 from speculate.rng import as_rng
@@ -54,18 +55,14 @@ class Sampling:
         return iter((self.x, self.stats))
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _check_shape(shape: Any) -> tuple[int, ...]:
-    if _is_int(shape):
+    if is_int(shape):
         shape = (shape,)
     try:
         shape = tuple(shape)
     except TypeError:
         raise TypeError(f"shape must be a tuple of ints (B, *event), got {shape!r}") from None
-    if len(shape) < 2 or not all(_is_int(s) for s in shape):
+    if len(shape) < 2 or not all(is_int(s) for s in shape):
         raise ValueError(f"shape must be (B, *event) with at least one event axis, ints, got {shape!r}")
     if shape[0] < 0 or any(s < 1 for s in shape[1:]) or int(np.prod(shape, dtype=np.float64)) > 2**31:
         raise ValueError(f"shape must have B >= 0 and event sizes >= 1 (at most 2**31 numbers), got {shape!r}")
@@ -80,7 +77,7 @@ def _check_labels(labels: Any, B: int, guidance: Any, null_label: Any) -> np.nda
         if labels is None or null_label is None:
             raise ValueError("classifier-free guidance needs labels= (the classes) and null_label= (the label that "
                              "stands for 'no class')")
-        if not _is_int(null_label):
+        if not is_int(null_label):
             raise TypeError(f"null_label must be an int, got {null_label!r}")
     if labels is None:
         return None
@@ -96,11 +93,11 @@ def _check_labels(labels: Any, B: int, guidance: Any, null_label: Any) -> np.nda
 
 def _check_record(record: Any, labels_of_states: np.ndarray) -> np.ndarray:
     """Time labels -> state indices (0..S); ValueError for a time that is not a state of the chain."""
-    wanted = [record] if _is_int(record) else list(record)
+    wanted = [record] if is_int(record) else list(record)
     where = {int(t): s for s, t in enumerate(labels_of_states)}
     out = []
     for t in wanted:
-        if not _is_int(t) or int(t) not in where:
+        if not is_int(t) or int(t) not in where:
             raise ValueError(f"record: {t!r} is not a time of this sampler's chain (its states are at t = "
                              f"{labels_of_states[0]}, ..., {labels_of_states[-2]} and 0)")
         out.append(where[int(t)])
@@ -108,17 +105,10 @@ def _check_record(record: Any, labels_of_states: np.ndarray) -> np.ndarray:
 
 
 def _check_lookahead(lookahead: Any, max_lookahead: Any, cost_ratio: Any) -> None:
-    if not (_is_int(lookahead) or (isinstance(lookahead, str) and lookahead == "auto")):
-        raise TypeError(f"lookahead must be a non-negative int or 'auto', got {lookahead!r}")
-    if _is_int(lookahead) and lookahead < 0:
-        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
-    if not _is_int(max_lookahead) or max_lookahead < 1:
+    check_lookahead(lookahead)
+    if not is_int(max_lookahead) or max_lookahead < 1:
         raise ValueError(f"max_lookahead must be an int >= 1, got {max_lookahead!r}")
-    if cost_ratio is not None:
-        if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float, np.integer, np.floating)):
-            raise TypeError(f"cost_ratio must be None or a real number >= 0, got {cost_ratio!r}")
-        if not 0.0 <= float(cost_ratio) < float("inf"):
-            raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
+    check_cost_ratio(cost_ratio)
 
 
 def _setup(sampler, denoiser, shape, labels, guidance, null_label, record, dtype, device):

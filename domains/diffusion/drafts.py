@@ -51,26 +51,25 @@ def col(v: np.ndarray, ndim: int) -> np.ndarray:
     return v.reshape(v.shape + (1,) * ndim)
 
 
+def _eps(plan: Plan, idx: np.ndarray, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    e = x.ndim - 1
+    return col(plan.p[idx], e) * x + col(plan.q[idx], e) * out
+
+
 def step_eps(plan: Plan, idx: np.ndarray, x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """eps = p x + q out: the denoiser's outputs ``out`` at the states ``x`` [M, *shape] of the steps
     ``idx`` [M] as the noise they predict, without overflow warnings."""
-    e = x.ndim - 1
     with np.errstate(over="ignore", invalid="ignore"):
-        return col(plan.p[idx], e) * x + col(plan.q[idx], e) * out
-
-
-def step_mean(plan: Plan, idx: np.ndarray, x: np.ndarray, eps: np.ndarray) -> np.ndarray:
-    """mean = a x + b eps: the means of the steps ``idx`` [M] from the states ``x`` [M, *shape]."""
-    e = x.ndim - 1
-    with np.errstate(over="ignore", invalid="ignore"):
-        return col(plan.a[idx], e) * x + col(plan.b[idx], e) * eps
+        return _eps(plan, idx, x, out)
 
 
 def step_means(plan: Plan, idx: np.ndarray, x: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(mean, eps) of the steps ``idx`` [M] from the states ``x`` [M, *shape] given the denoiser's
     outputs ``out`` (eps = p x + q out, mean = a x + b eps), without overflow warnings."""
-    eps = step_eps(plan, idx, x, out)
-    return step_mean(plan, idx, x, eps), eps
+    e = x.ndim - 1
+    with np.errstate(over="ignore", invalid="ignore"):  # one context for both (plain sampling: every step)
+        eps = _eps(plan, idx, x, out)
+        return col(plan.a[idx], e) * x + col(plan.b[idx], e) * eps, eps
 
 
 class DraftContext(NamedTuple):
@@ -89,8 +88,10 @@ class DraftContext(NamedTuple):
         out, ok = self.fn(x, self.plan.times[steps], None if self.labels is None else self.labels[at])
         return step_eps(self.plan, steps, x, out), ok
 
-    def mean(self, x: np.ndarray, f: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        return step_mean(self.plan, steps, x, f)
+    def mean_coefficients(self) -> tuple[np.ndarray, np.ndarray]:
+        """The means a x + b eps of the round's drafted steps: the plan's (a, b), [R, k] each."""
+        idx = self.steps[:, :-1]
+        return self.plan.a[idx], self.plan.b[idx]
 
 
 class Draft(gd.Draft):
@@ -120,6 +121,10 @@ class FrozenDraft(gd.FrozenDraft, Draft):
         if self.space not in ("eps", "x0"):
             raise ValueError(f"FrozenDraft: space must be 'eps' or 'x0', got {self.space!r}")
 
+    @property
+    def reads_state(self) -> bool:  # x0 at the reference, from its state, eps and time
+        return self.space == "x0"
+
     def hold(self, ctx, memory, rows):
         eps = memory.f[rows]
         if self.space == "eps":
@@ -128,11 +133,19 @@ class FrozenDraft(gd.FrozenDraft, Draft):
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             return (memory.x[rows] - np.sqrt(1.0 - ab) * eps) / np.sqrt(ab)  # x0 at the reference
 
-    def frozen_field(self, ctx, held, j, x):
+    def draft_steps(self, ctx, held, S, loc, noise):
         if self.space == "eps":
-            return held
-        ab = col(ctx.plan.alpha_bar[ctx.steps[:, j]], x.ndim - 1)
-        return (x - np.sqrt(ab) * held) / np.sqrt(1.0 - ab)  # the eps of the held x0 at x
+            super().draft_steps(ctx, held, S, loc, noise)
+            return
+        k, e = loc.shape[1], held.ndim - 1
+        a, b = (col(c, e) for c in ctx.mean_coefficients())
+        ab = col(ctx.plan.alpha_bar[ctx.steps[:, :k]], e)
+        x0_part, scale = np.sqrt(ab) * held[:, None], np.sqrt(1.0 - ab)  # once per round
+        for j in range(k):
+            x = S[:, j]
+            eps = (x - x0_part[:, j]) / scale[:, j]  # the eps of the held x0 at x
+            np.add(a[:, j] * x, b[:, j] * eps, out=loc[:, j])
+            np.add(loc[:, j], noise[:, j], out=S[:, j + 1])
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from speculate.domains.shared.gaussian_drift import check_cost_ratio, check_lookahead, is_int
 
 from speculate.distributed.sharding import map_shards
 from speculate.errors import add_note
@@ -58,25 +59,14 @@ def _simulation(rec: Recorder, final: np.ndarray, stats: SimulationStats, batche
     return Simulation(positions=pos, steps=rec.steps.copy(), final=fin, stats=stats)
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _check_lookahead(lookahead: Any, max_lookahead: Any, cost_ratio: Any) -> None:
     """The round loop's arguments, checked before anything is allocated or computed."""
-    if not (_is_int(lookahead) or (isinstance(lookahead, str) and lookahead == "auto")):
-        raise TypeError(f"lookahead must be a non-negative int or 'auto', got {lookahead!r}")
-    if _is_int(lookahead) and lookahead < 0:
-        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
-    if not _is_int(max_lookahead):
+    check_lookahead(lookahead)
+    if not is_int(max_lookahead):
         raise TypeError(f"max_lookahead must be an int >= 1, got {max_lookahead!r}")
     if max_lookahead < 1:
         raise ValueError(f"max_lookahead must be an int >= 1, got {max_lookahead}")
-    if cost_ratio is not None:
-        if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float, np.integer, np.floating)):
-            raise TypeError(f"cost_ratio must be None or a real number >= 0, got {cost_ratio!r}")
-        if not 0.0 <= float(cost_ratio) < float("inf"):
-            raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
+    check_cost_ratio(cost_ratio)
 
 
 def simulate(

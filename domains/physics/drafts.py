@@ -53,9 +53,9 @@ class DraftContext(NamedTuple):
         """The cheap force at the configurations ``x`` [M, N, d], checked; and which are finite."""
         return evaluate_force(self.fn, x, who="draft_force", steps=steps)  # on its own copy of x
 
-    def mean(self, x: np.ndarray, f: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """``model.mean``: x + dt F / gamma."""
-        return self.model.mean(x, f)
+    def mean_coefficients(self) -> tuple[None, float]:
+        """The model's mean x + (dt / gamma) F at every step: (None, dt / gamma)."""
+        return None, self.model.dt / self.model.gamma
 
 
 class Draft(gd.Draft):

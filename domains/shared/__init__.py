@@ -2,5 +2,6 @@
 
 - :mod:`.gaussian_drift`: chains of Gaussian steps whose mean a costly field drives (the physics
   domain's force, the diffusion domain's eps): their kinds of draft, the cuts that keep a round exact,
-  the round's record and the counters both domains add to ``speculate.Stats``.
+  the round's record, the counters both domains add to ``speculate.Stats`` and the checks of the
+  round loop's ``lookahead`` and ``cost_ratio`` both domains' APIs make.
 """

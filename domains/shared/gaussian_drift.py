@@ -20,7 +20,9 @@ here:
   :func:`check_drafts`); every cut depends on the drafted prefix only (proofs/05);
 - a round's record (:class:`Round`, the proposal's context), the proposal every round makes
   (:func:`propose_round`) and the states the target scores (:func:`score_batch`);
-- the counters every such run adds to ``speculate.Stats`` (:class:`DriftStats`).
+- the counters every such run adds to ``speculate.Stats`` (:class:`DriftStats`), and the checks of
+  the round loop's ``lookahead`` and ``cost_ratio`` (:func:`check_lookahead`,
+  :func:`check_cost_ratio`; each domain checks ``max_lookahead`` its own way, between them).
 
 Every draft fills, for the active rows, the drafted states ``S[:, 1:]`` (``S[:, 0]`` is the committed
 one) and the draft means ``loc`` (``S[:, j + 1] = loc[:, j] + noise[:, j]``), lowers the drafted
@@ -33,12 +35,12 @@ Example (a toy chain: x' ~ Normal(x + f(x), 1) with the field f(x) = -x / 2):
 
     >>> import numpy as np
     >>> from speculate.domains.shared.gaussian_drift import CheapDraft, Reference
-    >>> class Toy:  # the context of one round: the step of each position, the field, the mean
+    >>> class Toy:  # the context of one round: the step of each position, the field, the mean x + 1 f
     ...     steps = np.zeros((2, 4), np.int64)
     ...     def cheap_field(self, x, at, steps):
     ...         return -x / 2, np.ones(len(x), bool)
-    ...     def mean(self, x, f, steps):
-    ...         return x + f
+    ...     def mean_coefficients(self):
+    ...         return None, 1.0
     >>> S, loc = np.zeros((2, 4, 1)), np.zeros((2, 3, 1))
     >>> S[:, 0] = [[1.0], [8.0]]
     >>> lengths = np.array([3, 2])
@@ -51,6 +53,7 @@ Example (a toy chain: x' ~ Normal(x + f(x), 1) with the field f(x) = -x / 2):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -59,13 +62,18 @@ from speculate import Normal, Stats
 from speculate.rounds import Proposal
 
 __all__ = ["FAR", "CheapDraft", "Draft", "DraftContext", "DriftStats", "FrozenCorrection", "FrozenDraft",
-           "Reference", "Round", "check_drafts", "cut_blown", "far_from_target", "finite_rows", "propose_round",
-           "score_batch"]
+           "Reference", "Round", "check_cost_ratio", "check_drafts", "check_lookahead", "cut_blown",
+           "far_from_target", "finite_rows", "is_int", "propose_round", "score_batch"]
 
 FAR = 1e300
 """A drafted step whose squared whitened distance to the target's, ``|mean_target - mean_draft|^2 /
 sigma^2``, is beyond this (or not finite) is not verified (its acceptance probability is 0 in float64
 and the coupling's arithmetic would overflow): the target's step is drawn there instead."""
+
+RUNNING_SUM = 64
+"""The frozen draft's steps ``x + b f`` of rows with up to this many numbers in all (rows x event) are
+drafted as one running sum (``np.add.accumulate``); beyond it, where accumulate's strided loop costs
+more than a call per step, step by step. Either way the same additions in the same order."""
 
 NOISE_LOST = 1e150
 """A draft mean beyond ``NOISE_LOST * sigma`` in absolute value has lost the draft's noise in rounding
@@ -108,46 +116,71 @@ class DriftStats(Stats):
         return f"{super().summary()} calls_per_step={self.calls_per_step:.4g}"
 
 
+def is_int(v: Any) -> bool:
+    """An int (Python's or NumPy's), not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def check_lookahead(lookahead: Any) -> None:
+    """The round loop's ``lookahead``: a non-negative int or "auto" (TypeError, ValueError)."""
+    if not (is_int(lookahead) or (isinstance(lookahead, str) and lookahead == "auto")):
+        raise TypeError(f"lookahead must be a non-negative int or 'auto', got {lookahead!r}")
+    if is_int(lookahead) and lookahead < 0:
+        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+
+
+def check_cost_ratio(cost_ratio: Any) -> None:
+    """The round loop's ``cost_ratio``: None or a finite real number >= 0 (TypeError, ValueError)."""
+    if cost_ratio is not None:
+        if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float, np.integer, np.floating)):
+            raise TypeError(f"cost_ratio must be None or a real number >= 0, got {cost_ratio!r}")
+        if not 0.0 <= float(cost_ratio) < float("inf"):
+            raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
+
+
 class DraftContext(Protocol):
     """What a draft needs of one round, built by the domain's process (each domain's ``DraftContext``).
 
     ``steps``: int64 ``[R, k+1]``, the step each position of each row starts (a step count, a
-    sampler's plan index: whatever ``cheap_field`` and ``mean`` read). ``cheap_field(x, at, steps)``:
-    the draft's cheap model's field at the states ``x`` ``[M, *event]`` of the round's rows ``at`` (an
-    index or a slice of the round's rows) at ``steps`` ``[M]``, and which are finite (bool ``[M]``).
-    ``mean(x, f, steps)``: the means of the steps from ``x`` at ``steps`` given the field ``f``.
+    sampler's plan index: whatever ``cheap_field`` reads). ``cheap_field(x, at, steps)``: the draft's
+    cheap model's field at the states ``x`` ``[M, *event]`` of the round's rows ``at`` (an index or a
+    slice of the round's rows) at ``steps`` ``[M]``, and which are finite (bool ``[M]``).
+    ``mean_coefficients()``: ``(a, b)``, the means of the steps at the round's k drafted positions
+    given the field f, ``a x + b f`` (``a`` None: x itself, or ``[R, k]``; ``b`` a number or
+    ``[R, k]``), once per round for all of them.
     """
 
     steps: np.ndarray
 
     def cheap_field(self, x: np.ndarray, at: Any, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def mean(self, x: np.ndarray, f: np.ndarray, steps: np.ndarray) -> np.ndarray: ...
+    def mean_coefficients(self) -> tuple[np.ndarray | None, Any]: ...
 
 
 @dataclass
 class Reference:
     """What the frozen drafts remember per row (B rows): the target's field ``f`` at the reference
     state (the one the row's last transition started from; ``known``: a previous round scored it),
-    that state ``x`` and its step ``step``; for the frozen correction the cheap model's field there
-    ``g`` (``has_g``: computed, and finite)."""
+    that state ``x`` and its step ``step`` (where the draft reads them); for the frozen correction the
+    cheap model's field there ``g`` (``has_g``: computed, and finite)."""
 
     f: np.ndarray  #: [B, *event] the target's field at the reference state
-    x: np.ndarray  #: [B, *event] the reference state
-    step: np.ndarray  #: int64 [B] its step
+    x: np.ndarray | None  #: [B, *event] the reference state (None: the draft does not read it)
+    step: np.ndarray | None  #: int64 [B] its step (None with x)
     known: np.ndarray  #: bool [B]
     g: np.ndarray | None = None  #: [B, *event] the cheap field at x (FrozenCorrection only)
     has_g: np.ndarray | None = None  #: bool [B]
 
     @classmethod
-    def empty(cls, X0: np.ndarray, cheap: bool = False) -> Reference:
-        """Nothing known yet for the rows of ``X0`` ``[B, *event]`` (``cheap``: with room for ``g``)."""
+    def empty(cls, X0: np.ndarray, cheap: bool = False, state: bool = True) -> Reference:
+        """Nothing known yet for the rows of ``X0`` ``[B, *event]`` (``cheap``: with room for ``g``;
+        ``state``: for ``x`` and ``step``, which ``cheap`` implies)."""
         B = X0.shape[0]
         z = np.zeros_like(X0)
+        x, step = (X0.copy(), np.zeros(B, np.int64)) if state or cheap else (None, None)
         if not cheap:
-            return cls(f=z, x=X0.copy(), step=np.zeros(B, np.int64), known=np.zeros(B, bool))
-        return cls(f=z, x=X0.copy(), step=np.zeros(B, np.int64), known=np.zeros(B, bool), g=z.copy(),
-                   has_g=np.zeros(B, bool))
+            return cls(f=z, x=x, step=step, known=np.zeros(B, bool))
+        return cls(f=z, x=x, step=step, known=np.zeros(B, bool), g=z.copy(), has_g=np.zeros(B, bool))
 
 
 class Draft:
@@ -181,6 +214,17 @@ def finite_rows(a: np.ndarray) -> np.ndarray:
     return np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
 
 
+def _ndim(c: Any) -> int:
+    """``np.ndim`` of a number or an array, without its cost (a round asks it a few times)."""
+    return getattr(c, "ndim", 0)
+
+
+def per_step(c: Any, e: int) -> Any:
+    """A coefficient of ``mean_coefficients`` (a number, or ``[R, k]``) that broadcasts against
+    ``[R, k, *event]`` (``e`` event axes)."""
+    return c.reshape(c.shape + (1,) * e) if _ndim(c) else c
+
+
 def _pad(S: np.ndarray, loc: np.ndarray, rows: Any, j: int) -> None:
     """Finite padding at position j of ``rows`` (never read by the verifier)."""
     loc[rows, j] = S[rows, j]
@@ -204,9 +248,12 @@ def cheap_steps(ctx: DraftContext, S: np.ndarray, loc: np.ndarray, noise: np.nda
                 correction: np.ndarray | None = None, G: np.ndarray | None = None) -> int:
     """k steps with the cheap field (plus ``correction``, a field offset per row), one call per step on
     the rows still drafting (``lengths > j``); ``G[:, j]`` receives the cheap field at s_j. A row whose
-    field or mean is not finite, or whose drafted state overflows, stops there. Returns the number of
-    drafts cut short."""
+    field is not finite, or whose drafted state is not (a mean that is not finite, or overflows),
+    stops there. Returns the number of drafts cut short."""
     R, k = loc.shape[:2]
+    a, b = ctx.mean_coefficients()
+    e = S.ndim - 2
+    a, each, b = None if a is None else per_step(a, e), _ndim(b) > 0, per_step(b, e)
     cuts = 0
     for j in range(k):
         live = lengths > j
@@ -217,17 +264,16 @@ def cheap_steps(ctx: DraftContext, S: np.ndarray, loc: np.ndarray, noise: np.nda
             at = np.flatnonzero(live)
             if at.size == 0:
                 continue
-        x, steps = S[at, j], ctx.steps[at, j]
-        f, ok = ctx.cheap_field(x, at, steps)
+        x = S[at, j]
+        f, ok = ctx.cheap_field(x, at, ctx.steps[at, j])
         if G is not None:
             G[at, j] = f
-        with np.errstate(over="ignore", invalid="ignore"):  # a non-finite mean is cut just below
+        with np.errstate(over="ignore", invalid="ignore"):  # a non-finite mean or state: cut_blown below
             if correction is not None:
                 f = f + correction[at]
-            mean = ctx.mean(x, f, steps)
+            mean = (x if a is None else a[at, j] * x) + (b[at, j] if each else b) * f
             loc[at, j] = mean
             S[at, j + 1] = mean + noise[at, j]
-        ok = ok & finite_rows(mean)
         if not ok.all():
             bad = np.arange(R)[at][~ok]  # the draft stops at s_j
             lengths[bad] = j
@@ -248,29 +294,52 @@ class CheapDraft(Draft):
 class FrozenDraft(Draft):
     """Draft with the target's field at the last state scored and moved on from, held over the k
     steps: no call, vectorised over rows and steps. A row's first round drafts nothing (no field
-    known yet). ``hold`` and ``frozen_field`` say what is held and the field it gives at a drafted
-    state (by default the field itself, constant)."""
+    known yet). ``hold`` says what is held, ``draft_steps`` how the k steps follow from it (by
+    default the field itself, constant: its part of every mean is formed once per round)."""
+
+    #: whether ``hold`` reads the reference state and its step (else the memory keeps neither)
+    reads_state: ClassVar[bool] = False
 
     def start(self, X0):
-        return Reference.empty(X0)
+        return Reference.empty(X0, state=self.reads_state)
 
     def hold(self, ctx: DraftContext, memory: Reference, rows: np.ndarray) -> np.ndarray:
         """What is held over the round's k steps (default: the target's field at the reference)."""
         return memory.f[rows]
 
-    def frozen_field(self, ctx: DraftContext, held: np.ndarray, j: int, x: np.ndarray) -> np.ndarray:
-        """The field at the drafted states ``x`` (position j of every row) given ``held``."""
-        return held
+    def draft_steps(self, ctx: DraftContext, held: np.ndarray, S: np.ndarray, loc: np.ndarray,
+                    noise: np.ndarray) -> None:
+        """Fill ``S[:, 1:]`` and ``loc`` (every row) given ``held``: by default the held field's part
+        of every mean, ``b f``, is formed once per round, and each step adds ``a x`` to it."""
+        a, b = ctx.mean_coefficients()
+        e = held.ndim - 1
+        one = not _ndim(b)  # one coefficient for every step: one drift
+        drift = b * held if one else per_step(b, e) * held[:, None]  # [R, *event] or [R, k, *event]
+        if a is None and held.size <= RUNNING_SUM:
+            # x + b f with a few numbers a step: the k steps are one running sum, s_0 + b f + noise_0 +
+            # b f + noise_1 ..., which np.add.accumulate adds left to right: the steps' own additions
+            # in their order, in one call instead of 2 k
+            run = np.empty((held.shape[0], 2 * loc.shape[1] + 1, *held.shape[1:]), S.dtype)
+            run[:, 0] = S[:, 0]
+            run[:, 1::2] = drift[:, None] if one else drift
+            run[:, 2::2] = noise
+            np.add.accumulate(run, axis=1, out=run)  # s_0, loc_0, s_1, loc_1, ..., s_k
+            loc[:] = run[:, 1::2]
+            S[:, 1:] = run[:, 2::2]
+            return
+        scales = repeat(None) if a is None else per_step(a, e).swapaxes(0, 1)
+        drifts = repeat(drift) if one else drift.swapaxes(0, 1)
+        xs = S.swapaxes(0, 1)  # s_0 .. s_k, each [R, *event]; the k steps, one after the other:
+        for x, x1, m, z, a_j, d_j in zip(xs, xs[1:], loc.swapaxes(0, 1), noise.swapaxes(0, 1), scales, drifts,
+                                         strict=False):
+            np.add(x if a_j is None else a_j * x, d_j, out=m)
+            np.add(m, z, out=x1)
 
     def propose(self, ctx, memory, rows, S, loc, noise, lengths):
         lengths[~memory.known[rows]] = 0  # no target field known yet: a plain step
         k = loc.shape[1]
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is cut just below
-            held = self.hold(ctx, memory, rows)
-            for j in range(k):
-                x = S[:, j]
-                loc[:, j] = ctx.mean(x, self.frozen_field(ctx, held, j, x), ctx.steps[:, j])
-                np.add(loc[:, j], noise[:, j], out=S[:, j + 1])
+            self.draft_steps(ctx, self.hold(ctx, memory, rows), S, loc, noise)
         cuts = 0
         if k and not np.isfinite(S).all():
             for j in range(k):
@@ -278,9 +347,10 @@ class FrozenDraft(Draft):
         return None, cuts
 
     def advance(self, memory, rows, last, S, steps, f, extra, lengths):
-        i = np.arange(len(rows))
-        memory.f[rows], memory.x[rows], memory.step[rows] = f, S[i, last], steps[i, last]
-        memory.known[rows] = True
+        memory.f[rows], memory.known[rows] = f, True
+        if memory.x is not None:
+            i = np.arange(len(rows))
+            memory.x[rows], memory.step[rows] = S[i, last], steps[i, last]
 
 
 class FrozenCorrection(Draft):
@@ -352,7 +422,8 @@ def score_batch(ctx: Round) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     (which, bool ``[R, k+1]``; the states ``[N, *event]``; their steps ``[N]``) and sets ``ctx.offset``."""
     K1 = ctx.steps.shape[1]
     scored = np.arange(K1)[None, :] <= ctx.lengths[:, None]  # [R, k+1]: s_0 .. s_L
-    ctx.offset = np.concatenate([[0], np.cumsum(scored.sum(axis=1))[:-1]])  # row r's s_0 in the batch
+    n = ctx.lengths + 1  # states scored per row
+    ctx.offset = np.cumsum(n) - n  # row r's s_0 in the batch
     return scored, ctx.S[scored], ctx.steps[scored]
 
 
@@ -362,12 +433,12 @@ def far_from_target(M: np.ndarray, loc: np.ndarray, scale: Any) -> np.ndarray:
     :data:`FAR` (or not finite), or a draft mean beyond :data:`NOISE_LOST` times ``scale`` (a
     number, or one per step ``[R, k]``)."""
     R, K = loc.shape[:2]
-    s = scale if np.ndim(scale) == 0 else np.reshape(scale, (R, K) + (1,) * (loc.ndim - 2))
+    s = scale.reshape((R, K) + (1,) * (loc.ndim - 2)) if _ndim(scale) else scale
     with np.errstate(over="ignore", invalid="ignore"):
         e = ((M - loc) / s).reshape(R, K, -1)  # the whitened distance of the means
         d2 = np.einsum("rkj,rkj->rk", e, e)
         big = np.abs(loc).reshape(R, K, -1).max(axis=2)  # the draft's noise lost in rounding
-        return ~((d2 < FAR) & (big < NOISE_LOST * np.asarray(scale)))
+        return ~((d2 < FAR) & (big < NOISE_LOST * scale))
 
 
 def check_drafts(ctx: Round, M: np.ndarray, ok: np.ndarray, loc: np.ndarray, scale: Any,
