@@ -36,7 +36,7 @@ import numpy as np
 
 from speculate.verify import Tree
 
-__all__ = ["Draft", "DraftOptions", "Drafted", "DraftedTree", "named_draft", "refuse_tree"]
+__all__ = ["Draft", "DraftOptions", "Drafted", "DraftedTree", "named_draft", "named_kind", "refuse_tree"]
 
 
 class Drafted(NamedTuple):
@@ -154,6 +154,16 @@ def named_draft(draft: Any) -> tuple[str | None, int]:
         return "ngram", n
     m = _EARLY.match(draft)
     return ("early-exit", int(m.group(1))) if m else (None, 0)
+
+
+def named_kind(draft: Any, kind: str, options: DraftOptions) -> int | None:
+    """``N`` when ``draft`` names ``kind`` (``"ngram:N"``, ``"early-exit:N"``; chains only: ``tree=`` is
+    refused), else None: the ``from_spec`` of the kinds users name by a string."""
+    name, n = named_draft(draft)
+    if name != kind:
+        return None
+    refuse_tree(draft, options)
+    return n
 
 
 def refuse_tree(draft: Any, options: DraftOptions) -> None:

@@ -26,7 +26,7 @@ from ..models.pick import pick_runtime
 from ..request.processors import Transforms, as_transforms
 from ..request.sampling import SamplingConfig
 from ..request.tokens import TokenBuffer
-from .base import Draft, Drafted, DraftOptions, named_draft, refuse_tree
+from .base import Draft, Drafted, DraftOptions, named_kind, refuse_tree
 
 __all__ = ["EarlyExitDraft", "ModelDraft", "early_exit_model"]
 
@@ -319,8 +319,5 @@ class EarlyExitDraft(ModelDraft):
 
     @classmethod
     def from_spec(cls, draft: Any, target: Any, options: DraftOptions) -> EarlyExitDraft | None:
-        kind, n = named_draft(draft)
-        if kind != "early-exit":
-            return None
-        refuse_tree(draft, options)
-        return cls(target, n)
+        n = named_kind(draft, "early-exit", options)
+        return None if n is None else cls(target, n)

@@ -14,7 +14,7 @@ from ..models.encoder_decoder import EncoderState
 from ..request.inputs import EncoderInputs
 from ..request.sampling import SamplingConfig
 from ..request.tokens import TokenBuffer
-from .base import Draft, Drafted, DraftOptions, named_draft, refuse_tree
+from .base import Draft, Drafted, DraftOptions, named_kind
 
 __all__ = ["NgramDraft", "SourceNgramDraft"]
 
@@ -73,11 +73,8 @@ class NgramDraft(Draft):
 
     @classmethod
     def from_spec(cls, draft: Any, target: Any, options: DraftOptions) -> NgramDraft | None:
-        kind, n = named_draft(draft)
-        if kind != "ngram":
-            return None
-        refuse_tree(draft, options)
-        return cls(max_n=n)
+        n = named_kind(draft, "ngram", options)
+        return None if n is None else cls(max_n=n)
 
     static_target = True  # the target may run static steps beside it
 

@@ -250,9 +250,8 @@ class GrammarConstraint:
 
 
 _EXECUTOR: list[Any] = []
-#: rows whose masks are computed in this thread; more go to llguidance's pool (its hand-off costs about
-#: a quarter of a millisecond: on a 2-core machine, batch 8, 16 here took the grammar from 9.3% to 7.5%
-#: of the time, python benchmarks/text/bench_structured.py --batch 8, alternating settings)
+#: rows whose masks are computed in this thread; more go to llguidance's pool, whose hand-off costs
+#: more than a few rows' masks on a small machine (benchmarks/results/text_structured.md is with 16)
 DIRECT_ROWS = 16
 
 

@@ -136,12 +136,26 @@ class Transforms:
         x = logits.to(dtype)
         if not self.active:
             return x
-        R, J, _ = x.shape
+        J = x.shape[1]
         n = tokens.n[rows]  # [R]
         lens = n[:, None] + first + np.arange(J)[None, :]  # [R, J] prefix lengths
         new = lens - tokens.prompt_len[rows][:, None]  # [R, J] new tokens in each prefix
-        if not (self.before or self.user or self.constraints is not None):
-            return self._bar_eos(x, torch.as_tensor(new, device=x.device))
+        if not (self.before or self.user):  # no prefix processors: min_new_tokens alone reads the prefix
+            x = self._bar_eos(x, torch.as_tensor(new, device=x.device))
+        else:
+            x = self._processed(x, tokens, rows, drafts, first, n, lens, new)
+        if self.constraints is not None:  # each position masked by the state after ITS prefix
+            ok = self.constraints.chain_masks(tokens, rows, drafts, first, J)  # [R, J, V']
+            V = x.shape[-1]
+            ok = ok[..., :V] if ok.shape[-1] >= V else np.pad(ok, ((0, 0), (0, 0), (0, V - ok.shape[-1])))
+            x = x.masked_fill(~torch.from_numpy(ok).to(x.device), float("-inf"))
+        return x
+
+    def _processed(self, x: torch.Tensor, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None, first: int,
+                   n: np.ndarray, lens: np.ndarray, new: np.ndarray) -> torch.Tensor:
+        """``x`` ``[R, J, V]`` through the prefix processors and ``min_new_tokens``, each position with its
+        own unpadded prefix (see :meth:`scores`)."""
+        R, J, _ = x.shape
         D = first + J - 1  # drafts any prefix reads
         ext = np.zeros((R, int(n.max()) + max(D, 0)), np.int64)
         ext[:, : tokens.ids.shape[1]] = tokens.ids[rows][:, : ext.shape[1]]
@@ -149,8 +163,8 @@ class Transforms:
             cols = n[:, None] + np.arange(D)[None, :]  # [R, D]
             ext[np.arange(R)[:, None], cols] = np.asarray(drafts)[:, :D]
         ext_t = torch.from_numpy(ext).to(x.device)
-        x = x.clone() if (self.before or self.user) else self._bar_eos(x, torch.as_tensor(new, device=x.device))
-        for L in np.unique(lens).tolist() if (self.before or self.user) else []:  # one call per prefix length
+        x = x.clone()
+        for L in np.unique(lens).tolist():  # one call per prefix length: no padding in any prefix
             ri, ji = np.nonzero(lens == L)
             ri_t, ji_t = torch.as_tensor(ri, device=x.device), torch.as_tensor(ji, device=x.device)
             ids = ext_t[ri_t, :L]  # [m, L]
@@ -161,11 +175,6 @@ class Transforms:
             for p in self.user:
                 s = self._call(p, ids, s)
             x[ri_t, ji_t] = s
-        if self.constraints is not None:  # each position masked by the state after ITS prefix
-            ok = self.constraints.chain_masks(tokens, rows, drafts, first, J)  # [R, J, V']
-            V = x.shape[-1]
-            ok = ok[..., :V] if ok.shape[-1] >= V else np.pad(ok, ((0, 0), (0, 0), (0, V - ok.shape[-1])))
-            x = x.masked_fill(~torch.from_numpy(ok).to(x.device), float("-inf"))
         return x
 
     def probs(self, logits: torch.Tensor, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None,
