@@ -54,7 +54,7 @@ from .stats import Stats
 from .verify import RULES, verify_round
 from .verify.one_round import as_tree, tree_within_need
 
-__all__ = ["Process", "Proposal", "Round", "RunResult", "Verdict", "rounds", "run"]
+__all__ = ["Process", "Proposal", "Round", "RoundLoop", "RunResult", "Verdict", "rounds", "run"]
 
 
 class Proposal(NamedTuple):
@@ -325,6 +325,113 @@ def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
     except BaseException as err:  # KeyboardInterrupt too: say where it stopped, then let it go
         add_note(err, f"speculate.rounds.run: raised in {phase} of round {stats.rounds + 1} (rows {_rows(rows)})")
         raise
+
+
+class RoundLoop:
+    """The round loop with rows that come and go between rounds (continuous batching): :meth:`add`
+    rows with their budgets, :meth:`drop` rows, and :meth:`step` one round of every active row.
+
+    Unlike :func:`rounds`, every row drafts the same ``k`` (the lookahead) every round, never cut to
+    what the neediest row can use: a row's work, and so the draws it takes from a per-row random
+    stream, do not depend on the rows beside it. A row may therefore commit up to ``k`` outcomes past
+    its budget; the caller keeps the first ``n`` (the law of a chain's first ``n`` outcomes is the
+    same whether it stops at ``n`` or runs on: proofs/06). ``left`` holds each row's remaining budget.
+
+    >>> import numpy as np, speculate as sp
+    >>> class Coins:                                  # the biased coin of the module's example
+    ...     def propose(self, rows, k, branches, need, rng):
+    ...         q = sp.Categorical(probs=np.full((len(rows), k, 2), 0.5), validate=False)
+    ...         return Proposal(q.sample(rng), q)
+    ...     def score(self, rows, proposal):
+    ...         k = proposal.outcomes.shape[1]
+    ...         return sp.Categorical(probs=np.broadcast_to([0.6, 0.4], (len(rows), k + 1, 2)), validate=False)
+    ...     def commit(self, rows, proposal, verdict):
+    ...         return verdict.n_accepted + 1, None
+    >>> loop = RoundLoop(Coins(), lookahead=3, rng=0)
+    >>> loop.add([0, 1], [5, 2])
+    >>> ev = loop.step(); loop.add([2], [4])          # row 2 joins between rounds
+    >>> while loop.rows.size:
+    ...     ev = loop.step()
+    >>> loop.stats.emitted >= 11
+    True
+    """
+
+    def __init__(self, process: Process, *, lookahead: int | str = 4, verify: str = "token",
+                 rng: int | np.random.Generator | None = None, max_lookahead: int = 16,
+                 cost_ratio: float | None = None, stats: Stats | None = None) -> None:
+        if verify not in RULES:
+            raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
+        self.process, self.verify = process, verify
+        self.rng = rng if hasattr(rng, "random") and not isinstance(rng, (int, np.integer)) else as_rng(rng)
+        self.control = _Lookahead(lookahead, max_lookahead, cost_ratio)
+        self.stats = Stats() if stats is None else stats
+        self.rows = np.zeros(0, np.int64)
+        self.left = np.zeros(0, np.int64)
+        warm_up()
+
+    def add(self, rows: Any, n: Any) -> None:
+        """Rows ``rows`` (ids greater than every active row's) join with budgets ``n``."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        n = _per_row(n, len(rows))
+        if len(rows) and len(self.rows) and rows.min() <= self.rows.max():
+            raise ValueError(f"new rows must come after the active rows ({int(self.rows.max())}), got {rows.tolist()}")
+        self.rows = np.concatenate([self.rows, rows[n > 0]])
+        self.left = np.concatenate([self.left, n[n > 0]])
+
+    def drop(self, rows: Any) -> None:
+        """Rows ``rows`` leave (cancelled, or finished by the caller's own rule)."""
+        keep = ~np.isin(self.rows, np.asarray(rows, np.int64))
+        self.rows, self.left = self.rows[keep], self.left[keep]
+
+    def renumber(self, mapping: np.ndarray) -> None:
+        """The active rows become ``mapping[rows]`` (after the caller compacted its rows, in order)."""
+        self.rows = np.asarray(mapping, np.int64)[self.rows]
+
+    def step(self) -> Round:
+        """One round of every active row: draft ``k`` each, score in one call, verify, commit."""
+        rows, R = self.rows, len(self.rows)
+        if R == 0:
+            raise ValueError("no active rows: add() some first")
+        k = int(self.control.k)
+        phase = "propose"
+        try:
+            t0 = time.perf_counter()
+            proposal = self.process.propose(rows, k, 1, np.full(R, k + 1, np.int64), self.rng)
+            phase = "score"
+            t1 = time.perf_counter()
+            target = self.process.score(rows, proposal)
+            phase = "verify"
+            t2 = time.perf_counter()
+            tree = getattr(proposal, "tree", None)
+            n_acc, nxt, branch, route = verify_round(target, proposal, self.verify, 1, k, R, self.rng)
+            t3 = time.perf_counter()
+            verdict = (_tree_verdict(proposal, n_acc, nxt, branch) if tree is not None
+                       else Verdict(_padded(proposal.outcomes, n_acc, nxt, branch, 1), n_acc, branch))
+            phase = "commit"
+            n_used, done = self.process.commit(rows, proposal, verdict)
+        except BaseException as err:
+            add_note(err, f"speculate.rounds.RoundLoop: raised in {phase} of round {self.stats.rounds + 1} "
+                          f"(rows {_rows(rows)})")
+            raise
+        t4 = time.perf_counter()
+        used = np.asarray(n_used, np.int64)
+        lengths = _tree_stats(self.stats, proposal, k, verdict) if tree is not None else proposal.lengths
+        if tree is None:
+            self.stats.add_round(k, n_acc, None if lengths is None else np.asarray(lengths))
+        self.stats.emitted += int(used.sum())
+        self.stats.routes[route] = self.stats.routes.get(route, 0) + 1
+        self.stats.draft_time += t1 - t0
+        self.stats.target_time += t2 - t1
+        self.stats.verify_time += t3 - t2
+        self.stats.commit_time += t4 - t3
+        self.control.update(n_acc, None if lengths is None else np.asarray(lengths), k, t1 - t0, t2 - t1)
+        self.left = self.left - used
+        over = self.left <= 0
+        if done is not None:
+            over |= np.asarray(done, bool)
+        finished = rows[over].tolist()
+        self.rows, self.left = rows[~over], self.left[~over]
+        return Round(rows, verdict.outcomes, used.tolist(), finished, self.stats)
 
 
 def run(

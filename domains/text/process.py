@@ -154,6 +154,47 @@ class TextProcess:
         self.target.release()
         self.draft.release()
 
+    def absorb(self, other: TextProcess) -> np.ndarray:
+        """Append the rows of ``other`` (another request on the same target and kind of draft, already
+        :meth:`start`-ed: its caches filled) after this process's rows; their buffer rows here.
+        Continuous batching: a request joins a running batch between rounds without refilling the
+        rows already running. ``NotImplementedError`` (before any change) when a runtime or the draft
+        cannot (:meth:`join_refusal`)."""
+        why = self.join_refusal()
+        if why is not None:
+            raise NotImplementedError(why)
+        off = len(self.tokens.n)
+        self.tokens = self.tokens.joined(other.tokens)
+        self.target.absorb(other.target)  # type: ignore[attr-defined]
+        self.draft.absorb(other.draft)
+        new = off + other.live
+        self.live = np.concatenate([self.live, new])
+        if self.want_logprobs:
+            lp = np.full(self.tokens.ids.shape, np.nan, np.float32)
+            lp[:off, : self.logprobs.shape[1]] = self.logprobs
+            lp[off:, : other.logprobs.shape[1]] = other.logprobs
+            self.logprobs = lp
+        return new
+
+    def join_refusal(self) -> str | None:
+        """Why other requests' rows cannot join this process's batch (:meth:`absorb`); None when they can."""
+        if self.encode is not None:
+            return "encoder-decoder rows carry encoder states: they do not join a running batch"
+        join = getattr(self.target, "join_refusal", None)
+        if join is None:
+            return f"the target's runtime {type(self.target).__name__} cannot take rows into a running batch"
+        return join() or self.draft.join_refusal()
+
+    def compact(self) -> np.ndarray:
+        """Drop the finished rows from the token buffer: the live rows become rows ``0 .. R-1`` (in
+        order; the caches already hold only them). Returns the old buffer rows, in the new order."""
+        old = self.live.copy()
+        self.tokens = self.tokens.taken(old)
+        if self.want_logprobs:
+            self.logprobs = self.logprobs[old]
+        self.live = np.arange(len(old), dtype=np.int64)
+        return old
+
     def _select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == len(self.live) and np.array_equal(rows, self.live):

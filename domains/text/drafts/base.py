@@ -29,6 +29,7 @@ from outside the package, :func:`~speculate.domains.text.drafts.factory.register
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any, NamedTuple
 
@@ -111,6 +112,23 @@ class Draft:
 
     def release(self) -> None:
         """The request is over: free what :meth:`reset` allocated."""
+
+    # continuous batching (domains/text/serving)
+    def join_refusal(self) -> str | None:
+        """Why rows of another request cannot join this draft's running batch (:meth:`absorb`); None
+        when they can. A draft with state of its own overrides both."""
+        return f"the {type(self).__name__} draft cannot take rows of another request into a running batch"
+
+    def fresh(self) -> Draft:
+        """A draft of the same kind and models with no request state of its own (its own caches once
+        :meth:`reset`): continuous batching prefills each new request's rows on one, then
+        :meth:`absorb` s them."""
+        return copy.copy(self)
+
+    def absorb(self, other: Draft) -> None:
+        """Append the rows of ``other`` (the same kind of draft, reset on another request's tokens)
+        after this draft's rows."""
+        raise NotImplementedError(self.join_refusal())
 
     # optional hooks
     def observe(self, features: Any, count: np.ndarray) -> None:

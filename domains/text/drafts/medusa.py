@@ -61,6 +61,17 @@ class MedusaDraft(FeatureReader):
         if self.feat is not None:
             self.feat = self.feat[torch.as_tensor(keep, device=self.feat.device)]
 
+    def join_refusal(self) -> str | None:
+        return None
+
+    def absorb(self, other: MedusaDraft) -> None:  # type: ignore[override]
+        if self.feat is not None or other.feat is not None:  # type: ignore[attr-defined]
+            ref = self.feat if self.feat is not None else other.feat  # type: ignore[attr-defined]
+            mine = self.feat if self.feat is not None else ref.new_zeros(len(self.has), ref.shape[-1])
+            theirs = other.feat if other.feat is not None else ref.new_zeros(len(other.has), ref.shape[-1])  # type: ignore[attr-defined]
+            self.feat = torch.cat([mine, theirs.to(mine.device)])
+        self.has = np.concatenate([self.has, other.has])  # type: ignore[attr-defined]
+
     def observe(self, features: torch.Tensor | None, count: np.ndarray) -> None:
         """Keep each row's last committed feature (``features[r, count[r] - 1]``)."""
         if features is None:

@@ -109,6 +109,19 @@ class ModelDraft(Draft):
     def select(self, keep: np.ndarray) -> None:
         self.lm.select(keep)
 
+    def join_refusal(self) -> str | None:
+        join = getattr(self.lm, "join_refusal", None)
+        return (f"the draft's runtime {type(self.lm).__name__} cannot take rows into a running batch"
+                if join is None else join())
+
+    def fresh(self) -> ModelDraft:
+        twin = copy.copy(self)
+        twin.lm = copy.copy(self.lm)  # the same model, caches of its own at reset
+        return twin
+
+    def absorb(self, other: Draft) -> None:
+        self.lm.absorb(other.lm)  # type: ignore[attr-defined]
+
     def _probs(self, logits: torch.Tensor, cfg: SamplingConfig | Transforms, vocab: int,
                tokens: TokenBuffer | None = None, rows: np.ndarray | None = None,
                drafts: np.ndarray | None = None, first: int = 0) -> torch.Tensor:
@@ -177,8 +190,9 @@ class ModelDraft(Draft):
         for its verification."""
         R = len(start)
         xs, qs = [], []
-        # every step's uniforms in one upload (the same numbers as one rng.random(R) per step)
-        u = None if cfg.greedy else upload(rng.random((steps, R)), last.device)
+        # every step's uniforms in one upload, drawn row-major ([R, steps]: a row's own stream of
+        # uniforms when rng draws per row, as the serving engine's does)
+        u = None if cfg.greedy else upload(np.ascontiguousarray(rng.random((R, steps)).T), last.device)
         for i in range(steps):
             if cfg.greedy:
                 x = self._argmax(last, vocab)  # [R]

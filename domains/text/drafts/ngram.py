@@ -78,6 +78,12 @@ class NgramDraft(Draft):
 
     static_target = True  # the target may run static steps beside it
 
+    def join_refusal(self) -> str | None:
+        return None  # no state: it reads the token buffer
+
+    def absorb(self, other: Draft) -> None:
+        pass
+
     def propose(
         self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray, cfg: SamplingConfig,
         rng: np.random.Generator | None, vocab: int,
@@ -113,6 +119,9 @@ class SourceNgramDraft(NgramDraft):
 
     def release(self) -> None:
         self.src = self.src_n = None
+
+    def join_refusal(self) -> str | None:
+        return "prompt lookup over encoder inputs keeps each request's source ids: rows do not join a running batch"
 
     def propose(
         self, rows: np.ndarray, tokens: TokenBuffer, k: int, need: np.ndarray, cfg: SamplingConfig,

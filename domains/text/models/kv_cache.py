@@ -236,6 +236,39 @@ class CachedModel:
         """Grow the buffers (lazily, at the next forward) to hold ``capacity`` tokens per row."""
         self.slots.capacity = max(self.slots.capacity, capacity)
 
+    def join_refusal(self) -> str | None:
+        """Why this cache cannot take rows from another (:meth:`absorb`); None when it can."""
+        if self.recurrent:
+            return f"{type(self.model).__name__} has recurrent layers: their states do not join a running batch"
+        return None
+
+    @torch.inference_mode()
+    def absorb(self, other: CachedModel) -> None:
+        """Append the rows of ``other`` (the same model's cache, filled separately) after this cache's:
+        continuous batching admits new requests this way between rounds."""
+        why = self.join_refusal() or other.join_refusal()
+        if why is not None:
+            raise NotImplementedError(why)
+        assert self.cache is not None and other.cache is not None, "reset both caches first"
+        cap = max(self.slots.capacity, other.slots.capacity)
+        self.slots.capacity = other.slots.capacity = cap
+        B, N = len(self.length), len(other.length)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            have = [getattr(x, "is_initialized", False) for x in (mine, theirs)]
+            if not any(have):
+                continue
+            ref = mine if have[0] else theirs
+            for layer, rows, ok in ((mine, B, have[0]), (theirs, N, have[1])):
+                if ok:
+                    layer._grow()
+                else:  # no forward wrote it yet (one-token prompts): empty rows
+                    layer.keys = ref.keys.new_zeros(rows, *ref.keys.shape[1:2], cap, ref.keys.shape[3])
+                    layer.values = ref.values.new_zeros(rows, *ref.values.shape[1:2], cap, ref.values.shape[3])
+                    layer.dtype, layer.device, layer.is_initialized = ref.keys.dtype, ref.keys.device, True
+            mine.keys = torch.cat([mine.keys, theirs.keys.to(mine.keys.device)])
+            mine.values = torch.cat([mine.values, theirs.values.to(mine.values.device)])
+        self.length = np.concatenate([self.length, other.length])
+
     @torch.inference_mode()
     def select(self, keep: np.ndarray) -> None:
         """Keep only the rows ``keep`` (local indices, increasing) in the cache."""

@@ -106,6 +106,23 @@ class SlotCache(SlotStore):
         """Commit ``n[r]`` more tokens of row ``r`` (as ``CachedModel.keep``)."""
         self.length += np.asarray(n, dtype=np.int64)
 
+    def join_refusal(self) -> str | None:
+        """Why this cache cannot take rows from another (:meth:`absorb`); None when it can."""
+        return None
+
+    def absorb(self, other: SlotCache) -> None:
+        """Append the rows of ``other`` (the same model's cache, filled separately) after this cache's:
+        continuous batching admits new requests this way between rounds."""
+        why = self.join_refusal() or other.join_refusal()
+        if why is not None:
+            raise NotImplementedError(why)
+        cap = max(self.capacity, other.capacity)
+        for c in (self, other):
+            if c.capacity < cap:
+                c._alloc(len(c.length), cap)
+        SlotStore.absorb(self, other)
+        self.length = np.concatenate([self.length, other.length])
+
     def _select_slots(self, keep: np.ndarray) -> torch.Tensor:
         """Keep only the rows ``keep`` (local indices, increasing) of the buffers; their index tensor."""
         idx = self.select_rows(keep)

@@ -142,6 +142,11 @@ class LeanLlama(SlotCache):
         self._capture = capture
         self.k, self.v, self.capacity = [], [], 0  # the next reset allocates for static steps
 
+    def join_refusal(self) -> str | None:
+        if self.graphs is not None:
+            return "static steps (cuda_graphs=True) keep buffers of one shape: rows cannot join a running batch"
+        return None
+
     def release(self) -> None:
         if self.graphs is None:  # static steps keep their buffers for the next generation
             self._release_slots()

@@ -129,6 +129,9 @@ class LeanSeq2Seq(SlotCache):
         m = self.encoder.mask
         self.src_mask = None if m is None or not self.lay.source_mask else m.to(p.device).bool()[:, None, None, :]
 
+    def join_refusal(self) -> str | None:
+        return "an encoder-decoder's rows carry encoder states: they do not join a running batch"
+
     def release(self) -> None:
         """Free the caches and the encoder state."""
         self._release_slots()

@@ -87,6 +87,15 @@ class SlotStore:
         self.v = [t.index_select(0, idx) for t in self.v]
         return idx
 
+    def absorb(self, other: SlotStore) -> None:
+        """Append ``other``'s rows after this store's (both grown to the larger capacity first)."""
+        cap = max(self.capacity, other.capacity)
+        for store in (self, other):
+            if store.capacity < cap:
+                store.alloc(store.k[0].shape[0], cap)
+        self.k = [torch.cat([a, b.to(a.device, a.dtype)]) for a, b in zip(self.k, other.k, strict=True)]
+        self.v = [torch.cat([a, b.to(a.device, a.dtype)]) for a, b in zip(self.v, other.v, strict=True)]
+
     def move(self, rows: Any, src: Any, dst: Any) -> None:
         """Copy slot ``src[j]`` of row ``rows[j]`` to slot ``dst[j]`` in every layer (all reads first)."""
         r, a, b = (torch.as_tensor(t, dtype=torch.long, device=self.device_) for t in (rows, src, dst))

@@ -36,6 +36,18 @@ class TokenBuffer:
             ids[r, : len(p)] = p
         return cls(ids=ids, n=lens.copy(), prompt_len=lens)
 
+    def joined(self, other: TokenBuffer, extra: int = 0) -> TokenBuffer:
+        """This buffer's rows, then ``other``'s (as many columns as the wider, plus ``extra``)."""
+        C = max(self.ids.shape[1], other.ids.shape[1]) + extra
+        ids = np.zeros((len(self.n) + len(other.n), C), np.int64)
+        ids[: len(self.n), : self.ids.shape[1]] = self.ids
+        ids[len(self.n) :, : other.ids.shape[1]] = other.ids
+        return TokenBuffer(ids, np.concatenate([self.n, other.n]), np.concatenate([self.prompt_len, other.prompt_len]))
+
+    def taken(self, rows: np.ndarray) -> TokenBuffer:
+        """Only the rows ``rows`` (renumbered ``0 .. len(rows) - 1``, in that order)."""
+        return TokenBuffer(self.ids[rows], self.n[rows].copy(), self.prompt_len[rows].copy())
+
     def block(self, rows: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
         """``[R, width]`` tokens ``ids[r, start[r] : start[r] + width]`` (zeros past the end)."""
         cols = start[:, None] + np.arange(width)[None, :]  # [R, width]

@@ -1,0 +1,180 @@
+"""What lets requests with their own settings and seeds share one batch: per-row sampling settings
+(:class:`RowSettings`, a :class:`~speculate.domains.text.request.processors.Transforms` whose
+temperature, top-k, top-p, min-p and penalties are arrays over the buffer rows) and per-row random
+streams (:class:`RowStreams`: every draw of a round comes from each row's own generator).
+
+The target's law for a row is its settings' law: presence and frequency penalties (OpenAI's, over the
+tokens the row has generated so far, drafts before the position included), then temperature, top-k,
+top-p and min-p (transformers' warpers, in that order); temperature 0 is the argmax. The draft's laws
+go through the SAME transform with each position's prefix, so verification keeps the target's law.
+
+>>> import numpy as np, torch
+>>> from speculate.domains.text.request.tokens import TokenBuffer
+>>> rs = RowSettings()
+>>> rs.add(np.array([0, 1]), temperature=[0.0, 1.0], top_k=[None, 2], top_p=[None, None], min_p=[None, None],
+...        presence=[0.0, 0.0], frequency=[0.0, 0.0])
+>>> buf = TokenBuffer.from_prompts([[1], [1]], extra=2)
+>>> logits = torch.tensor([[[0.0, 3.0, 2.0, 1.0]], [[0.0, 3.0, 2.0, 1.0]]])        # [R=2, J=1, V=4]
+>>> p = rs.probs(logits, buf, np.array([0, 1]), None)
+>>> p[0, 0].tolist(), [round(v, 3) for v in p[1, 0].tolist()]       # greedy; top-2 of row 1
+([0.0, 1.0, 0.0, 0.0], [0.0, 0.731, 0.269, 0.0])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..request.processors import Transforms
+from ..request.sampling import SamplingConfig
+
+__all__ = ["RowSettings", "RowStreams"]
+
+
+class RowSettings(Transforms):
+    """Sampling settings per buffer row (arrays indexed by the row), applied row by row in one batch."""
+
+    _FIELDS = ("temperature", "top_k", "top_p", "min_p", "presence", "frequency")
+
+    def __init__(self) -> None:
+        super().__init__(SamplingConfig())
+        self.temperature = np.zeros(0, np.float64)
+        self.top_k = np.zeros(0, np.int64)  # 0: none
+        self.top_p = np.zeros(0, np.float64)  # 1: none
+        self.min_p = np.zeros(0, np.float64)  # 0: none
+        self.presence = np.zeros(0, np.float64)
+        self.frequency = np.zeros(0, np.float64)
+
+    @property
+    def greedy(self) -> bool:
+        return False  # rows of temperature 0 draft and verify one-hot laws (their argmax): exact too
+
+    @property
+    def active(self) -> bool:
+        return True  # every call needs the rows (their settings)
+
+    def add(self, rows: np.ndarray, *, temperature: Sequence[float], top_k: Sequence[int | None],
+            top_p: Sequence[float | None], min_p: Sequence[float | None], presence: Sequence[float],
+            frequency: Sequence[float]) -> None:
+        """Settings of the new buffer rows ``rows`` (beyond every row set so far)."""
+        rows = np.asarray(rows, np.int64)
+        n = int(rows.max()) + 1 if len(rows) else 0
+        vals = {"temperature": temperature, "top_k": [0 if v is None else v for v in top_k],
+                "top_p": [1.0 if v is None else v for v in top_p], "min_p": [0.0 if v is None else v for v in min_p],
+                "presence": presence, "frequency": frequency}
+        for name in self._FIELDS:
+            a = getattr(self, name)
+            if len(a) < n:
+                grown = np.zeros(n, a.dtype)
+                grown[: len(a)] = a
+                a = grown
+            a[rows] = np.asarray(vals[name], a.dtype)
+            setattr(self, name, a)
+
+    def taken(self, rows: np.ndarray) -> None:
+        """Keep only the rows ``rows``, renumbered ``0 .. len(rows) - 1`` (as ``TextProcess.compact``)."""
+        for name in self._FIELDS:
+            setattr(self, name, getattr(self, name)[rows])
+
+    def scores(self, logits: torch.Tensor, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None,
+               first: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``logits`` ``[R, J, V]`` after each row's presence and frequency penalties: position ``j`` of row
+        ``i`` counts the tokens row ``rows[i]`` generated (after its prompt), then ``drafts[i, :first + j]``."""
+        x = logits.to(dtype)
+        rows = np.asarray(rows, np.int64)
+        pres, freq = self.presence[rows], self.frequency[rows]
+        if not (pres.any() or freq.any()):
+            return x
+        R, J, V = x.shape
+        counts = np.zeros((R, J, V), np.float32)
+        for i, r in enumerate(rows.tolist()):
+            if pres[i] == 0 and freq[i] == 0:
+                continue
+            gen = tokens.ids[r, tokens.prompt_len[r] : tokens.n[r]]
+            base = np.bincount(gen[gen < V], minlength=V)[:V].astype(np.float32)  # [V]
+            counts[i] = base
+            if drafts is not None:
+                for j in range(J):
+                    d = np.asarray(drafts[i, : first + j], np.int64)
+                    if len(d):
+                        np.add.at(counts[i, j], d[d < V], 1.0)
+        c = torch.from_numpy(counts).to(x.device)
+        f = torch.as_tensor(freq, dtype=dtype, device=x.device)[:, None, None]
+        p = torch.as_tensor(pres, dtype=dtype, device=x.device)[:, None, None]
+        return x - f * c - p * (c > 0).to(dtype)
+
+    def probs(self, logits: torch.Tensor, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None,
+              first: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Probabilities ``[R, J, V]`` of the next token at each position under each row's settings."""
+        rows = np.asarray(rows, np.int64)
+        x = self.scores(logits, tokens, rows, drafts, first, dtype)  # [R, J, V]
+        R, J, V = x.shape
+        dev = x.device
+        t = torch.as_tensor(self.temperature[rows], dtype=dtype, device=dev)[:, None, None]  # [R, 1, 1]
+        greedy = t == 0
+        # temperature: (x - max) / T (the same law as x / T; a tiny T cannot overflow)
+        z = x - x.amax(dim=-1, keepdim=True)
+        x = torch.where(z == 0, z, z / torch.where(greedy, torch.ones_like(t), t))
+        k = self.top_k[rows]
+        if ((k > 0) & (k < V)).any():  # top-k: ties at the k-th value kept
+            kk = torch.as_tensor(np.where((k > 0) & (k < V), k, V) - 1, device=dev)[:, None, None].expand(R, J, 1)
+            kth = torch.sort(x, dim=-1, descending=True).values.gather(-1, kk)  # [R, J, 1]
+            x = x.masked_fill(x < kth, -math.inf)
+        top_p = self.top_p[rows]
+        if (top_p < 1.0).any():  # top-p: the smallest most-likely set of mass > top_p (at least one)
+            sorted_x, order = torch.sort(x, dim=-1, descending=False, stable=True)
+            cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
+            remove = cum <= (1.0 - torch.as_tensor(top_p, dtype=dtype, device=dev))[:, None, None]
+            remove[..., -1] = False
+            x = x.masked_fill(torch.zeros_like(remove).scatter(-1, order, remove), -math.inf)
+        mp = self.min_p[rows]
+        if (mp > 0).any():  # min-p: below min_p x the top probability
+            pr = x.softmax(dim=-1)
+            floor = torch.as_tensor(mp, dtype=dtype, device=dev)[:, None, None] * pr.amax(dim=-1, keepdim=True)
+            x = x.masked_fill(pr < floor, -math.inf)
+        p = x.softmax(dim=-1)
+        if bool(greedy.any()):  # one-hot on the first argmax of the penalised logits
+            onehot = torch.zeros_like(p).scatter_(-1, z.argmax(dim=-1, keepdim=True), 1.0)
+            p = torch.where(greedy, onehot, p)
+        return p
+
+
+class RowStreams:
+    """A ``numpy.random.Generator`` stand-in whose draws come from each row's own generator: a draw of
+    ``size[0] = m * R`` values for the ``R`` rows of the round (:attr:`rows`) gives row ``i`` the
+    ``i``-th run of ``m`` (row-major), drawn from ``streams[rows[i]]``. Every draw of the text path is
+    row-major in this sense (a refused shape raises instead of mixing rows). A row's tokens then
+    depend on its own seed only, whatever rows run beside it (with the same work per row and round:
+    the serving loop's fixed lookahead)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, np.random.Generator] = {}
+        self.rows: list[int] = []
+
+    def random(self, size: Any = None) -> np.ndarray:
+        shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size or ())
+        R = len(self.rows)
+        if not shape or R == 0 or shape[0] % R:
+            raise ValueError(f"RowStreams draws row-major blocks for the round's {R} rows, got size {size!r}")
+        m = shape[0] // R
+        if m == 1:
+            out = np.stack([self.streams[r].random(shape[1:]) for r in self.rows]) if R else np.zeros(shape)
+        else:
+            out = np.concatenate([self.streams[r].random((m, *shape[1:])) for r in self.rows])
+        return out.reshape(shape)
+
+    def states(self) -> dict[int, Any]:
+        """Each row's generator state (to rewind a round that raised)."""
+        return {r: self.streams[r].bit_generator.state for r in self.rows}
+
+    def rewind(self, states: dict[int, Any]) -> None:
+        for r, s in states.items():
+            if r in self.streams:
+                self.streams[r].bit_generator.state = s
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"RowStreams draws uniforms only (random()); the text path asked for {name!r}")
