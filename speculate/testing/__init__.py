@@ -6,7 +6,10 @@
 - :mod:`.exact`: exact (fractions.Fraction) output laws: :mod:`.exact.rules`, the laws of every
   verification rule of ``speculate.verify.RULES``; :mod:`.exact.kernels`, the law of an actual
   kernel over its uniforms;
-- :mod:`.conformance`: the exactness suite every domain runs.
+- :mod:`.conformance`: the exactness suite every domain runs;
+- :mod:`.audit`: ``audit(sampler, oracle)``, one call that says whether any sampler (a speculative
+  decoder, ours or another library's) follows an exact law, with stated power, a sequential test
+  and a two-sample mode (imported on first use).
 """
 
 from .conformance import ConformanceCase, check_conformance
@@ -25,11 +28,13 @@ from .gof import (
 
 __all__ = [
     "DEFAULT_ALPHA",
+    "AuditReport",
     "ConformanceCase",
     "assert_categorical_matches",
     "assert_continuous_matches",
     "assert_same_categorical",
     "assert_same_continuous",
+    "audit",
     "check_conformance",
     "chi2_gof",
     "chi2_power",
@@ -40,8 +45,12 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in ("strategies", "exact"):
-        import importlib
+    import importlib
 
+    if name in ("strategies", "exact"):
         return importlib.import_module(f".{name}", __name__)
+    if name in ("audit", "AuditReport"):
+        mod = importlib.import_module(".audit", __name__)
+        globals().update(audit=mod.audit, AuditReport=mod.AuditReport)  # the function, not its module
+        return globals()[name]
     raise AttributeError(name)
