@@ -9,7 +9,9 @@ or with ``ByteTokenizer.from_pretrained(path)``.
 
 Text is encoded as its UTF-8 bytes; special-token strings inside the text are NOT special
 (``"<|eos|>"`` in a prompt is 7 bytes), so every string round-trips. ``encode_bytes`` and
-``decode_bytes`` work on raw bytes (any of the 256 values, valid UTF-8 or not).
+``decode_bytes`` work on raw bytes (any of the 256 values, valid UTF-8 or not). ``ByteTokenizer()`` has
+no chat template; ``from_pretrained`` takes a folder's (the embedded pair's is ChatML-style:
+``<|im_start|>role\\ncontent<|im_end|>\\n``, plain bytes like all text).
 
 >>> tok = ByteTokenizer()
 >>> len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
@@ -72,8 +74,8 @@ def build_backend() -> Tokenizer:
 class ByteTokenizer(PreTrainedTokenizerFast):
     """Byte-level tokenizer with BOS/EOS/PAD specials (vocabulary of 259), left padding."""
 
-    # Ignore whatever a saved folder holds except the tokenizer.json we check: the tokenizer
-    # is fully determined by its definition.
+    # Ignore whatever a saved folder holds except the tokenizer.json we check (and a chat template,
+    # read by from_pretrained): the tokenizer is fully determined by its definition.
     def __init__(self, **kwargs):
         for key in ("tokenizer_object", "tokenizer_file", "vocab", "merges", "post_processor",
                     "bos_token", "eos_token", "pad_token", "unk_token", "tokenizer_class",
@@ -100,6 +102,9 @@ class ByteTokenizer(PreTrainedTokenizerFast):
         if saved.get_vocab() != build_backend().get_vocab():
             raise ValueError(f"{file} is not a ByteTokenizer vocabulary "
                              f"({saved.get_vocab_size()} ids, expected {VOCAB_SIZE})")
+        template = _saved_chat_template(path)  # the one setting a folder may add (the embedded pair's)
+        if template is not None:
+            kwargs.setdefault("chat_template", template)
         return cls(**kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike[str], *args, **kwargs):
@@ -133,6 +138,20 @@ class ByteTokenizer(PreTrainedTokenizerFast):
                 raise ValueError(f"id {i} is not a byte id (0..255)"
                                  + ("" if skip_special_tokens else " and specials are not skipped"))
         return bytes(out)
+
+
+def _saved_chat_template(path: str | os.PathLike[str]) -> str | None:
+    """The chat template saved in ``path`` (``chat_template.jinja`` or ``tokenizer_config.json``), if any."""
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    cfg = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(cfg):
+        with open(cfg, encoding="utf-8") as f:
+            template = json.load(f).get("chat_template")
+        return template if isinstance(template, str) else None
+    return None
 
 
 def _as_int_list(ids: Iterable[int]) -> Sequence[int]:
