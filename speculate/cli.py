@@ -1,5 +1,6 @@
 """The `speculate` command line: `speculate demo [engine|text|rl|physics|image|speech|all] [--quick]`,
-`speculate generate [--prompt TEXT] ...` (text generation, see speculate.domains.text.cli)."""
+`speculate generate [--prompt TEXT] ...` (text generation, see speculate.domains.text.cli), `speculate serve
+[--port N] ...` (an OpenAI-compatible server, see speculate.domains.text.serving.cli)."""
 
 from __future__ import annotations
 
@@ -39,16 +40,30 @@ def _generate(argv: list[str]) -> int:
     return int(generate(argv) or 0)
 
 
+def _serve(argv: list[str]) -> int:
+    try:
+        from speculate.domains.text.serving.cli import main as serve
+    except ImportError as err:
+        print(f"speculate serve: missing dependency ({err}); install with: pip install 'speculate[serve]'",
+              file=sys.stderr)
+        return 1
+    return int(serve(argv) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["generate"]:  # its own parser: speculate generate --help
         return _generate(argv[1:])
+    if argv[:1] == ["serve"]:  # its own parser: speculate serve --help
+        return _serve(argv[1:])
     if argv[:1] == ["demo"] and len(argv) > 2 and argv[1] in DEMOS and {"-h", "--help"} & set(argv[2:]):
         return _run(argv[1], ["--help"])  # speculate demo text --help: that demo's own flags
     parser = argparse.ArgumentParser(prog="speculate", description="Exact speculative sampling.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("generate", help="generate text with speculative decoding (default: the embedded "
                                     "pair); see speculate generate --help", add_help=False)
+    sub.add_parser("serve", help="an OpenAI-compatible server (/v1/completions, /v1/chat/completions) over "
+                                 "speculative decoding; see speculate serve --help", add_help=False)
     d = sub.add_parser("demo", help="run a demo: engine, text, rl, physics, image, speech, or all "
                                     "(default: engine and text)")
     d.add_argument("which", nargs="?", choices=[*DEMOS, "all"], default=None)
