@@ -50,10 +50,22 @@ def _serve(argv: list[str]) -> int:
     return int(serve(argv) or 0)
 
 
+def _audit(argv: list[str]) -> int:
+    try:
+        from speculate.domains.text.audit_cli import main as audit
+    except ImportError as err:
+        print(f"speculate audit: missing dependency ({err}); install with: pip install 'speculate[text]'",
+              file=sys.stderr)
+        return 1
+    return int(audit(argv) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["generate"]:  # its own parser: speculate generate --help
         return _generate(argv[1:])
+    if argv[:1] == ["audit"]:  # its own parser: speculate audit --help
+        return _audit(argv[1:])
     if argv[:1] == ["serve"]:  # its own parser: speculate serve --help
         return _serve(argv[1:])
     if argv[:1] == ["demo"] and len(argv) > 2 and argv[1] in DEMOS and {"-h", "--help"} & set(argv[2:]):
@@ -62,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("generate", help="generate text with speculative decoding (default: the embedded "
                                     "pair); see speculate generate --help", add_help=False)
+    sub.add_parser("audit", help="test whether a speculative decoder keeps its target's distribution "
+                                 "(transformers' assisted generation on the embedded pair by default); see "
+                                 "speculate audit --help", add_help=False)
     sub.add_parser("serve", help="an OpenAI-compatible server (/v1/completions, /v1/chat/completions) over "
                                  "speculative decoding; see speculate serve --help", add_help=False)
     d = sub.add_parser("demo", help="run a demo: engine, text, rl, physics, image, speech, or all "
