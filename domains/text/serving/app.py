@@ -435,7 +435,8 @@ class EngineCollector(Collector):
                 ("target_calls_total", "speculate_target_calls", "target model calls"),
                 ("drafted_total", "speculate_drafted_tokens", "tokens drafted"),
                 ("accepted_total", "speculate_accepted_tokens", "drafted tokens accepted"),
-                ("rounds_total", "speculate_rounds", "row-rounds of drafting and verification")):
+                ("rounds_total", "speculate_rounds", "rounds of drafting and verification (the whole batch)"),
+                ("errors_total", "speculate_errors", "faults (a round or an admission that raised)")):
             if num(key) is not None:
                 yield CounterMetricFamily(name, doc, value=num(key))
         for key, name, doc in (
@@ -447,12 +448,18 @@ class EngineCollector(Collector):
             if num(key) is not None:
                 yield GaugeMetricFamily(name, doc, value=num(key))
         drafted, accepted = num("drafted_total"), num("accepted_total")
-        if drafted and accepted is not None:
-            yield GaugeMetricFamily("speculate_acceptance_rate", "accepted / drafted tokens", value=accepted / drafted)
+        rate = num("acceptance_rate")
+        if rate is None and drafted and accepted is not None:
+            rate = accepted / drafted
+        if rate is not None:
+            yield GaugeMetricFamily("speculate_acceptance_rate", "accepted / drafted tokens", value=rate)
+        per_call = num("tokens_per_target_call")
         calls, tokens = num("target_calls_total"), num("tokens_generated_total")
-        if calls and tokens is not None:
-            yield GaugeMetricFamily("speculate_tokens_per_target_call", "tokens generated per target call",
-                                    value=tokens / calls)
+        if per_call is None and calls and tokens is not None:
+            per_call = tokens / calls
+        if per_call is not None:
+            yield GaugeMetricFamily("speculate_tokens_per_target_call", "tokens a row gains per target call "
+                                    "(1 without speculation)", value=per_call)
         counts = [int(c) for c in m.get("accepted_length_counts") or []]
         if counts:
             cum, buckets = 0, []
