@@ -1,0 +1,106 @@
+"""Every bug of the catalogue (tests/text/audit_catalogue.py), planted in our text path, is caught by
+the audit at its default power and by the project's own law test; without a plant both pass.
+
+- The exact engine of the catalogue reproduces ``continuation_law`` without a fault (token and block
+  rules), and each fault's TV is its exact TV on its case.
+- The audit (``speculate.testing.audit`` through ``speculate.domains.text.audit``) at its defaults
+  (TV 0.05, level 1e-3, power 0.99): every fault's TV is above 0.05, so the audit catches each with
+  probability >= 0.99; the test asserts "biased" (seeded, so the verdicts are fixed).
+- The project's law test: the chi-square check of ``speculate.testing.assert_categorical_matches``
+  against ``continuation_law`` at the suite's level ``ALPHA`` (1e-6), on as many rows as the
+  project's law tests draw to catch a TV of 0.02 with probability 0.99 (``FAST_TV`` in
+  test_text_exactness.py): it must raise for every fault. The unfaulted generator must pass both
+  (two checks at 1e-3 and 1e-6 per rule: false alarms below 3e-3 for this file).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from audit_catalogue import BY_NAME, CASE, FAULTS, case_models, exact_law, exact_tv, oracle, tv
+from speculate.domains.text import SpeculativeGenerator
+from speculate.domains.text.audit import audit_speculate
+
+from speculate.testing import DEFAULT_ALPHA as ALPHA
+from speculate.testing import assert_categorical_matches, chi2_sample_size
+
+FAST_TV, POWER = 0.02, 0.99  # the project's law tests (tests/text/test_text_exactness.py)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _generator(case, verify):
+    target, draft = case_models(case)
+    return SpeculativeGenerator(target, draft, lookahead=case.lookahead, verify=verify), target
+
+
+def _audit(case, verify):
+    gen, _ = _generator(case, verify)
+    return audit_speculate(gen, list(case.prompt), case.tokens, progress=False, seed=7, **case.settings())
+
+
+def _law_test(case, verify):
+    """The project's law test: n rows for TV 0.02 at ALPHA with power 0.99, one chi-square check."""
+    gen, target = _generator(case, verify)
+    law = oracle(target, case)
+    n = chi2_sample_size(FAST_TV, len(law), alpha=ALPHA, power=POWER)
+    rows = []
+    for i in range(0, n, 20_000):
+        out = gen.generate([list(case.prompt)] * min(20_000, n - i), max_new_tokens=case.tokens, rng=100 + i,
+                           **case.settings())
+        rows += [tuple(t) for t in out.new_tokens]
+    assert_categorical_matches(rows, law, alpha=ALPHA, label=f"{verify} rule")
+
+
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_exact_engine_without_a_fault_is_the_law(verify):
+    target, draft = case_models()
+    assert tv(exact_law(target, draft, None, verify=verify), oracle(target)) < 1e-12
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+def test_catalogue_tv_is_exact(fault):
+    assert abs(exact_tv(fault) - fault.tv) < 1e-4
+    assert fault.tv > 0.05  # above the audit's default TV: caught with probability >= 0.99
+
+
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_without_a_fault_both_checks_pass(verify):
+    assert _audit(CASE, verify).verdict == "consistent"
+    _law_test(CASE, verify)
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+def test_the_audit_catches_every_fault(fault, monkeypatch):
+    with fault.plant(monkeypatch):
+        r = _audit(fault.case, fault.verify)
+    assert r.biased, str(r)
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+def test_the_law_test_catches_every_fault(fault, monkeypatch):
+    with fault.plant(monkeypatch), pytest.raises(AssertionError, match=r"do not follow|probability 0|does not list"):
+        _law_test(fault.case, fault.verify)
+
+
+def test_the_eos_fault_is_an_impossible_outcome(monkeypatch):
+    """Running past an EOS shows up as an outcome the law excludes: rejected at once, named."""
+    f = BY_NAME["eos-in-block-missed"]
+    with f.plant(monkeypatch):
+        r = _audit(f.case, f.verify)
+    assert r.impossible is not None and CASE.eos in r.impossible[:-1] and r.pvalue == 0.0
+
+
+def test_the_audit_reports_where_the_residual_fault_shows(monkeypatch):
+    f = BY_NAME["residual-softmaxed"]
+    with f.plant(monkeypatch):
+        r = _audit(f.case, f.verify)
+    assert r.biased and (r.tv_hat > 0.3 or r.impossible is not None or r.sequential["stopped_at"])
+    assert np.isfinite(r.tv_exact_mean)
