@@ -350,7 +350,7 @@ class Engine:
         running = len(self._rows)
         if self._waiting and self._waiting[0].rows[0].isolate:
             return [self._waiting.popleft()] if running == 0 else []
-        if running and self._joins is False:
+        if running and (self._joins is False or any(r.isolate for r in self._rows.values())):
             return []
         while self._waiting and not self._waiting[0].rows[0].isolate:
             w = self._waiting[0]
@@ -394,12 +394,15 @@ class Engine:
         try:
             proc = self._new_process(rows)
             proc.start(spare=self.k_max + 2)
+        except Exception as err:  # a prefill raised: each request alone finds the one at fault
+            self._requeue_alone(batch, err)
+            return
+        try:
             if self._proc is not None and self._loop is not None and self._loop.rows.size:
                 self._proc._select(self._loop.rows)  # finished rows leave the caches before the copy
-                new = self._proc.absorb(proc)
                 if len(self._proc.tokens.n) > 2 * len(self._proc.live) + 16:
-                    self._compact()
-                    new = self._proc.live[-len(rows):]
+                    self._compact()  # the buffer forgets the finished rows
+                new = self._proc.absorb(proc)
             else:
                 self._release()
                 self._proc, new = proc, proc.live.copy()
@@ -409,10 +412,10 @@ class Engine:
                 self._loop = RoundLoop(proc, lookahead=self.lookahead, verify=self.verify, rng=self._streams,
                                        max_lookahead=self.generator.max_lookahead,
                                        cost_ratio=self.generator.cost_ratio, stats=self.stats)
-        except Exception as err:  # this admission failed: its requests end with the error, the batch goes on
-            for r in rows:
-                self._finish(r, "error", f"{type(err).__name__}: {err}")
-            self.counters["errors_total"] += 1
+        except Exception as err:  # joining failed (the caches may be half-joined): everyone reruns alone
+            self._requeue_alone(batch, err)
+            if self._loop is not None and self._loop.rows.size:
+                self._fault(self._loop.rows.copy(), err)
             return
         s = [r.job.sampling for r in rows]
         self._settings.add(new, temperature=[x.temperature for x in s], top_k=[None if x.top_k in (None, -1)
@@ -445,7 +448,7 @@ class Engine:
             ev = loop.step()
         except Exception as err:
             self._streams.rewind(rewind)
-            self._fault(rows, n0, err)
+            self._fault(rows, err)
             return
         now = time.perf_counter()
         n_acc = np.asarray(ev.used) - 1
@@ -580,7 +583,21 @@ class Engine:
         if gone and self._loop is not None:
             self._loop.drop(gone)
 
-    def _fault(self, rows: np.ndarray, n0: np.ndarray, err: Exception) -> None:
+    def _requeue_alone(self, batch: list[_Waiting], err: Exception) -> None:
+        """Admitting ``batch`` raised: a request admitted alone ends with the error; several go back to
+        the front of the queue, each to be admitted alone."""
+        if (len(batch) == 1 and batch[0].rows[0].isolate) or (len(batch) == 1 and len(batch[0].rows) == 1):
+            self.counters["errors_total"] += 1
+            for r in batch[0].rows:
+                self._finish(r, "error", f"{type(err).__name__}: {err}")
+            return
+        for w in batch:
+            for r in w.rows:
+                r.isolate = True
+        with self._cv:
+            self._waiting.extendleft(reversed(batch))
+
+    def _fault(self, rows: np.ndarray, err: Exception) -> None:
         """A round raised: a row that ran alone ends with the error; otherwise every row of the round
         goes back to the front of the queue, from its committed tokens, to run alone for one round."""
         self.counters["errors_total"] += 1
