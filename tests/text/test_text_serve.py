@@ -23,7 +23,6 @@ from speculate.domains.text import ByteTokenizer, SpeculativeGenerator
 from speculate.domains.text.conformance import tiny_llama
 from speculate.domains.text.examples.pair import load_pair
 from speculate.domains.text.serving import Busy, Engine, JobEvent, Refused
-from speculate.domains.text.serving.app import RESPONSE_FORMAT_REFUSAL
 from speculate.domains.text.serving.server import running_server
 
 openai = pytest.importorskip("openai")
@@ -230,14 +229,16 @@ def test_errors_come_back_in_openais_shape(client):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     for extra, param in (({"tools": [tool]}, "tools"), ({"top_logprobs": 2}, "top_logprobs"),
-                         ({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+                          "response_format"),
+                         ({"response_format": {"type": "xml"}}, "response_format"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {
+                             "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nosuch"}}}}}},
+                          "response_format"),
                          ({"messages": image}, "messages[0].content")):
         with pytest.raises(openai.BadRequestError) as e:
             ch(**{"model": "speculate", "messages": msgs, "max_tokens": 2, **extra})
         assert e.value.body["param"] == param, (extra, e.value.body)
-    with pytest.raises(openai.BadRequestError, match="not supported by the serving engine yet"):
-        ch(model="speculate", messages=msgs, response_format={"type": "json_schema", "json_schema": {"name": "x"}})
-    assert RESPONSE_FORMAT_REFUSAL.startswith("response_format")
     # accepted and ignored: user; response_format "text" is the default
     ok = ch(model="speculate", messages=msgs, max_tokens=2, user="me", response_format={"type": "text"})
     assert ok.choices[0].finish_reason in ("stop", "length")
@@ -434,3 +435,29 @@ def test_serve_without_fastapi_names_the_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi -> ImportError
     assert main([]) == 1
     assert "pip install 'speculate[serve]'" in capsys.readouterr().err
+
+
+def test_response_format_gives_text_that_matches_the_schema(client):
+    """Structured output: every choice's text is JSON matching the schema (sampled, several choices),
+    and json_object gives a JSON object."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["name", "n"], "additionalProperties": False}
+    out = client.completions.create(model="speculate", prompt="def f(x):\n    return ", max_tokens=60, n=3,
+                                    temperature=1.0, seed=5,
+                                    extra_body={"response_format": {"type": "json_schema",
+                                                                    "json_schema": {"name": "r", "schema": schema}}})
+    for ch in out.choices:
+        assert ch.finish_reason == "stop", ch
+        jsonschema.validate(json.loads(ch.text), schema)
+    chat = client.chat.completions.create(model="speculate", messages=[{"role": "user", "content": "data?"}],
+                                          max_tokens=40, temperature=0.7, seed=1,
+                                          response_format={"type": "json_object"})
+    if chat.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(chat.choices[0].message.content), dict)
+    else:  # out of tokens inside the object: a prefix of one
+        assert chat.choices[0].message.content.startswith("{")

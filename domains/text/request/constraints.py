@@ -88,6 +88,19 @@ class Constraints:
 
         return Constraints([copy.deepcopy(c) for c in self.rows for _ in range(n)], self.vocab, self.eos)
 
+    def extend(self, rows: Sequence[RowConstraint | None]) -> None:
+        """Constraints of new buffer rows after the current ones (continuous batching: rows join)."""
+        self.rows += list(rows)
+        self.synced = np.concatenate([self.synced, np.full(len(rows), -1, np.int64)])
+
+    def taken(self, keep: np.ndarray) -> None:
+        """Keep only the rows ``keep``, renumbered ``0 .. len(keep) - 1`` (their drafts in hand dropped)."""
+        self.release()
+        self._memo.clear()
+        keep = np.asarray(keep, np.int64)
+        self.rows = [self.rows[int(r)] for r in keep]
+        self.synced = self.synced[keep]
+
     def _sync(self, tokens: Any, row: int) -> RowConstraint:
         """The row's state advanced by the tokens it committed since the last call."""
         c = self.rows[row]

@@ -53,7 +53,6 @@ UNSUPPORTED = {
     "reasoning_effort": "reasoning_effort is not supported",
     "web_search_options": "web search is not supported",
 }
-RESPONSE_FORMAT_REFUSAL = "response_format is not supported by the serving engine yet"
 MAX_STOP = 4
 DEFAULT_CHAT_TOKENS = 1024  # a chat request without max_tokens, on a model of unknown context
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -155,9 +154,28 @@ def _refuse_extras(req: _Settings) -> None:
             raise ApiError(400, f"{name}: {UNSUPPORTED[name]}", param=name, code="unsupported_parameter")
         raise ApiError(400, f"{name}: unknown field (this server takes OpenAI's fields; see the text "
                             "domain's README, 'Serving')", param=name, code="unsupported_parameter")
-    rf = req.response_format
-    if rf is not None and rf.get("type") != "text":
-        raise ApiError(400, RESPONSE_FORMAT_REFUSAL, param="response_format", code="unsupported_parameter")
+    _schema(req.response_format)
+
+
+def _schema(rf: Any) -> Any:
+    """The JSON schema a ``response_format`` asks for (None: free text). OpenAI's shapes:
+    ``{"type": "text"}``, ``{"type": "json_object"}`` (any JSON object) and
+    ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}``."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise ApiError(400, "response_format: expected {\"type\": \"text\" | \"json_object\" | \"json_schema\"}",
+                       param="response_format")
+    if rf["type"] == "text":
+        return None
+    if rf["type"] == "json_object":
+        return {"type": "object"}
+    js = rf.get("json_schema")
+    schema = js.get("schema") if isinstance(js, dict) else None
+    if not isinstance(schema, dict):
+        raise ApiError(400, "response_format: json_schema.schema must be a JSON schema object",
+                       param="response_format")
+    return schema
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -177,7 +195,8 @@ def _sampling(req: _Settings, max_tokens: int, logprobs: bool) -> Sampling:
                     top_p=req.top_p, top_k=top_k, min_p=req.min_p or None,
                     presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                     seed=req.seed, logprobs=logprobs, stop=_stops(req.stop),
-                    stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=bool(req.ignore_eos))
+                    stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=bool(req.ignore_eos),
+                    json_schema=_schema(req.response_format))
 
 
 def _is_ids(x: Any) -> bool:

@@ -244,12 +244,44 @@ class Engine:
             raise Refused("stop must be non-empty strings", "stop")
         if not all(is_int(t) and 0 <= t < self.vocab for t in s.stop_token_ids):
             raise Refused(f"stop_token_ids must be ids in 0..{self.vocab - 1}", "stop_token_ids")
+        if s.json_schema is not None:
+            self._schema(s.json_schema)  # compiled (and cached) now: a bad schema is refused before any work
         try:  # the learned positions / sliding windows: the row may run k tokens past max_tokens
             self.generator.limits.check_lengths(self.generator.models(), [prompt], s.max_tokens + self.k_max + 1)
         except ValueError as err:
             raise Refused(f"{err} (the server drafts up to {self.k_max + 1} tokens past max_tokens: "
                           "they count against the context)", "max_tokens") from None
         return prompt
+
+    def _schema(self, spec: Any) -> tuple[Any, np.ndarray]:
+        """A pristine row constraint for the JSON schema ``spec`` and the ids that end a complete text."""
+        import json
+
+        from ..request.constraints import grammar_constraints
+
+        key = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True, default=str)
+        cache = self.__dict__.setdefault("_schemas", {})
+        if key not in cache:
+            if self.tokenizer is None:
+                raise Refused("response_format needs the model's tokenizer (serve the model with it)",
+                              "response_format")
+            try:
+                cons = grammar_constraints(self.tokenizer, self.vocab, 1, json_schema=spec)
+            except ImportError:
+                raise Refused("response_format needs llguidance: pip install 'speculate[structured]'",
+                              "response_format") from None
+            except (ValueError, TypeError) as err:
+                raise Refused(f"response_format: {err}", "response_format") from None
+            if len(cache) > 256:
+                cache.clear()
+            cache[key] = (cons.rows[0], cons.eos)
+        return cache[key]
+
+    def _constraint(self, job: Job) -> Any:
+        """A fresh constraint state for one choice of ``job`` (None without a schema)."""
+        if job.sampling.json_schema is None:
+            return None
+        return copy.deepcopy(self._schema(job.sampling.json_schema)[0])
 
     def submit(self, prompt: Any, sampling: Sampling, n: int = 1) -> Job:
         """Queue a request of ``n`` choices; ``Refused`` / ``Busy`` before any work."""
@@ -264,6 +296,8 @@ class Engine:
                  else np.random.SeedSequence().spawn(n))
         eos = set() if sampling.ignore_eos else set(self.eos)
         eos |= {int(t) for t in sampling.stop_token_ids}
+        if sampling.json_schema is not None:  # a complete text ends at the tokenizer's EOS
+            eos |= set(self._schema(sampling.json_schema)[1].tolist())
         rows = [_Row(job, i, int(sampling.max_tokens), frozenset(eos), prompt) for i in range(n)]
         with self._cv:
             if self._stopping:
@@ -421,6 +455,8 @@ class Engine:
         self._settings.add(new, temperature=[x.temperature for x in s], top_k=[None if x.top_k in (None, -1)
                            else x.top_k for x in s], top_p=[x.top_p for x in s], min_p=[x.min_p for x in s],
                            presence=[x.presence_penalty for x in s], frequency=[x.frequency_penalty for x in s])
+        # each row's constraint from its first generated token (a row rerun alone replays its tokens)
+        self._settings.constrain(new, [self._constraint(r.job) for r in rows], self.vocab)
         for b, r, g in zip(new.tolist(), rows, streams, strict=True):
             self._rows[b] = r
             self._streams.streams[b] = g

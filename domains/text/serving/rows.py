@@ -48,6 +48,7 @@ class RowSettings(Transforms):
         self.min_p = np.zeros(0, np.float64)  # 0: none
         self.presence = np.zeros(0, np.float64)
         self.frequency = np.zeros(0, np.float64)
+        self.cons: Any = None  # request.constraints.Constraints over every buffer row (None: no row has one)
 
     @property
     def greedy(self) -> bool:
@@ -75,17 +76,47 @@ class RowSettings(Transforms):
             a[rows] = np.asarray(vals[name], a.dtype)
             setattr(self, name, a)
 
+    def constrain(self, rows: np.ndarray, constraints: Sequence[Any], vocab: int) -> None:
+        """Row constraints (``RowConstraint`` or None) of the new buffer rows ``rows`` (the newest rows)."""
+        from ..request.constraints import Constraints
+
+        if self.cons is None:
+            if all(c is None for c in constraints):
+                return
+            self.cons = Constraints([], vocab)
+        n = int(np.max(rows)) + 1 if len(rows) else 0
+        self.cons.extend([None] * (n - len(self.cons.rows)))
+        for r, c in zip(np.asarray(rows).tolist(), constraints, strict=True):
+            self.cons.rows[r] = c
+
     def taken(self, rows: np.ndarray) -> None:
         """Keep only the rows ``rows``, renumbered ``0 .. len(rows) - 1`` (as ``TextProcess.compact``)."""
         for name in self._FIELDS:
             setattr(self, name, getattr(self, name)[rows])
+        if self.cons is not None:
+            rows = np.asarray(rows, np.int64)
+            if len(rows) and rows.max() >= len(self.cons.rows):
+                self.cons.extend([None] * (int(rows.max()) + 1 - len(self.cons.rows)))
+            self.cons.taken(rows)
 
     def scores(self, logits: torch.Tensor, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None,
                first: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``logits`` ``[R, J, V]`` after each row's presence and frequency penalties: position ``j`` of row
-        ``i`` counts the tokens row ``rows[i]`` generated (after its prompt), then ``drafts[i, :first + j]``."""
-        x = logits.to(dtype)
+        ``i`` counts the tokens row ``rows[i]`` generated (after its prompt), then ``drafts[i, :first + j]``;
+        then each constrained row's mask (its constraint's state after the position's prefix)."""
         rows = np.asarray(rows, np.int64)
+        x = self._penalised(logits.to(dtype), tokens, rows, drafts, first, dtype)
+        cons = self.cons
+        if cons is not None and any(r < len(cons.rows) and cons.rows[r] is not None for r in rows.tolist()):
+            # each position masked by its row's constraint state after THAT position's prefix (proofs/12)
+            ok = cons.chain_masks(tokens, rows, drafts, first, x.shape[1])  # [R, J, V']
+            V = x.shape[-1]
+            ok = ok[..., :V] if ok.shape[-1] >= V else np.pad(ok, ((0, 0), (0, 0), (0, V - ok.shape[-1])))
+            x = x.masked_fill(~torch.from_numpy(ok).to(x.device), float("-inf"))
+        return x
+
+    def _penalised(self, x: torch.Tensor, tokens: Any, rows: np.ndarray, drafts: np.ndarray | None, first: int,
+                   dtype: torch.dtype) -> torch.Tensor:
         pres, freq = self.presence[rows], self.frequency[rows]
         if not (pres.any() or freq.any()):
             return x
@@ -112,6 +143,8 @@ class RowSettings(Transforms):
         """Probabilities ``[R, J, V]`` of the next token at each position under each row's settings."""
         rows = np.asarray(rows, np.int64)
         x = self.scores(logits, tokens, rows, drafts, first, dtype)  # [R, J, V]
+        if self.cons is not None and not bool(torch.isfinite(x.amax(dim=-1)).all()):
+            raise ValueError("a row's constraint (response_format) removed every token at some position")
         R, J, V = x.shape
         dev = x.device
         t = torch.as_tensor(self.temperature[rows], dtype=dtype, device=dev)[:, None, None]  # [R, 1, 1]

@@ -7,6 +7,7 @@ responses; the engine (``engine.py``) knows nothing of HTTP.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Busy", "JobEvent", "Refused", "Sampling"]
 
@@ -33,7 +34,9 @@ class Sampling:
     """One request's settings, OpenAI's names. ``temperature`` 0: greedy. ``seed``: the request's own
     random stream (the same tokens whether it runs alone or beside others, with a fixed lookahead);
     None: fresh entropy. ``stop``: strings that end a choice (not included in its text);
-    ``stop_token_ids``: ids that end it (included, like EOS); ``ignore_eos``: run to ``max_tokens``."""
+    ``stop_token_ids``: ids that end it (included, like EOS); ``ignore_eos``: run to ``max_tokens``.
+    ``json_schema``: structured output (llguidance; the target's law masked by the schema at every
+    position, proofs/12); the choice ends at EOS once the text is complete."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -47,6 +50,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    json_schema: Any = None  #: the JSON schema (a dict or its text) every choice's text must match
 
 
 @dataclass
