@@ -16,7 +16,7 @@ through the same settings) where it can be built, else (guidance, watermarks) ag
 ``generate`` with the same settings (two-sample mode). Each audit is sized to catch a TV of
 ``--tv`` with probability ``--power`` at level ``--alpha``, stops early when its sequential test
 is overwhelming, and is cut at ``--budget`` seconds (then "inconclusive", with the TV it could
-catch). 20 variants are audited, so a level of 1e-3 each keeps the report's false-alarm rate below 2%.
+catch). 23 variants are audited, so a level of 1e-3 each keeps the report's false-alarm rate below 2.3%.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ PATHS = {
                   f"law handed to {G}/utils.py: _speculative_sampling is the assistant's logits scattered into the "
                   "target's vocabulary, not the law the candidates were sampled from)"),
 }
+TOKENS = "__tokens__"  #: a variant's own horizon (default --tokens)
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "a", "big", "red"]
 
 
@@ -59,6 +60,16 @@ def word_tokenizer(words: list[str]) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token=words[0], pad_token=words[0])
 
 
+def tuned(draft: Any, **fields: Any) -> Any:
+    """A copy of ``draft`` whose generation_config sets ``fields`` (where transformers reads the schedule)."""
+    import copy
+
+    twin = copy.deepcopy(draft)
+    for k, v in fields.items():
+        setattr(twin.generation_config, k, v)
+    return twin
+
+
 def variants(target: Any, draft: Any, eos: int) -> list[tuple[str, dict[str, Any], str | None]]:
     """(name, generate kwargs, reference) for every variant: reference "plain" = two-sample mode."""
     from speculate.domains.text.conformance import tiny_llama
@@ -66,6 +77,7 @@ def variants(target: Any, draft: Any, eos: int) -> list[tuple[str, dict[str, Any
 
     s = {"do_sample": True}
     a = {**s, "assistant_model": draft}
+    blocks = tuned(draft, assistant_confidence_threshold=0.0)  # drafts as many tokens as allowed
     # the assistant's tokenizer: the same words in another order, and two more (transformers refuses
     # assistant_tokenizer= when the two vocabularies have the same size)
     other = [*WORDS[::-1], "blue", "fox"]
@@ -79,10 +91,23 @@ def variants(target: Any, draft: Any, eos: int) -> list[tuple[str, dict[str, Any
         ("prompt lookup", {**s, "prompt_lookup_num_tokens": 2}, None),
         ("early exit (assistant_early_exit=1)", {**s, "assistant_early_exit": 1}, None),
         ("universal assisted decoding (different tokenizers)", uad, None),
-        ("assisted, heuristic schedule", {**a, "num_assistant_tokens_schedule": "heuristic"}, None),
-        ("assisted, dynamic schedule", {**a, "num_assistant_tokens_schedule": "dynamic"}, None),
-        ("assisted, 1 assistant token", {**a, "num_assistant_tokens": 1}, None),
-        ("assisted, EOS in drafted blocks", {**a, "eos_token_id": eos}, None),
+        # 3 tokens (top-k 4 keeps the law to 64 outcomes) and the assistant's confidence threshold off: with
+        # its default (0.4) this tiny assistant stops after one token, and transformers caps a round's
+        # candidates at the tokens still needed minus one, so only then do blocks of 2 drafts (and EOS
+        # inside them) occur. The schedule is read from the ASSISTANT's generation_config
+        # (candidate_generator.py: AssistedCandidateGenerator.__init__), not from generate()'s kwargs.
+        ("assisted, 3 tokens, top-k 4, blocks of 2", {**s, "top_k": 4, "assistant_model": blocks, TOKENS: 3}, None),
+        ("assisted, 3 tokens, top-k 4, 1 assistant token",
+         {**s, "top_k": 4, "assistant_model": tuned(blocks, num_assistant_tokens=1), TOKENS: 3}, None),
+        ("assisted, 3 tokens, top-k 4, heuristic schedule from 1 token",
+         {**s, "top_k": 4, "assistant_model": tuned(blocks, num_assistant_tokens=1,
+                                                    num_assistant_tokens_schedule="heuristic"), TOKENS: 3}, None),
+        ("assisted, 3 tokens, top-k 4, confidence threshold 0.2 (dynamic stop)",
+         {**s, "top_k": 4, "assistant_model": tuned(draft, assistant_confidence_threshold=0.2), TOKENS: 3}, None),
+        ("assisted, 3 tokens, top-k 4, EOS in drafted blocks",
+         {**s, "top_k": 4, "assistant_model": blocks, "eos_token_id": eos, TOKENS: 3}, None),
+        ("prompt lookup, 3 tokens, top-k 4, EOS", {**s, "top_k": 4, "prompt_lookup_num_tokens": 2,
+                                                   "eos_token_id": eos, TOKENS: 3}, None),
         ("assisted, temperature 0.7", {**a, "temperature": 0.7}, None),
         ("assisted, top-k 4 + top-p 0.8", {**a, "top_k": 4, "top_p": 0.8}, None),
         ("assisted, min-p 0.1", {**a, "min_p": 0.1}, None),
@@ -91,6 +116,8 @@ def variants(target: Any, draft: Any, eos: int) -> list[tuple[str, dict[str, Any
         ("assisted, no-repeat-ngram 2 + bad words", {**a, "no_repeat_ngram_size": 2, "bad_words_ids": [[3]]}, None),
         ("assisted, min_new_tokens 2 + EOS", {**a, "min_new_tokens": 2, "eos_token_id": eos}, None),
         ("assisted, guidance_scale 1.5", {**a, "guidance_scale": 1.5}, "plain"),
+        ("assisted, 3 tokens, top-k 4, blocks of 2, guidance_scale 1.5",
+         {**s, "assistant_model": blocks, "top_k": 4, "guidance_scale": 1.5, TOKENS: 3}, "plain"),
         ("assisted, watermark (Kirchenbauer)", {**a, "watermarking_config": WatermarkingConfig(bias=2.5)}, "plain"),
         ("assisted, SynthID watermark", {**a, "watermarking_config": SynthIDTextWatermarkingConfig(
             keys=[654, 400, 836, 123, 340, 443, 597, 160, 57, 29], ngram_len=2)}, "plain"),
@@ -108,7 +135,10 @@ def _path(name: str) -> str | None:
 def _call(kw: dict[str, Any], reference: str | None, tokens: int) -> str:
     def show(v: Any) -> str:
         if hasattr(v, "config"):
-            return "draft"
+            own = {k: getattr(v.generation_config, k) for k in ("num_assistant_tokens", "num_assistant_tokens_schedule",
+                                                                "assistant_confidence_threshold")
+                   if getattr(v.generation_config, k, None) is not None}
+            return f"draft (generation_config: {own})" if own else "draft"
         if hasattr(v, "get_vocab"):
             return "<tokenizer>"
         if type(v).__name__.endswith("Config"):
@@ -148,10 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and not any(o.strip() in name for o in args.only.split(",")):
             continue
         t0 = time.perf_counter()
-        row: dict[str, Any] = {"variant": name, "call": _call(kw, ref, args.tokens),
+        kw = dict(kw)
+        tokens = kw.pop(TOKENS, args.tokens)
+        row: dict[str, Any] = {"variant": name, "call": _call(kw, ref, tokens), "tokens": tokens,
                                "mode": "two-sample vs plain generate" if ref else "exact law"}
         try:
-            r = audit_generate(target, prompt, args.tokens, reference=ref, tv=args.tv, alpha=args.alpha,
+            r = audit_generate(target, prompt, tokens, reference=ref, tv=args.tv, alpha=args.alpha,
                                power=args.power, budget=args.budget, seed=args.seed, progress=False, **kw)
             row.update(verdict=r.verdict, pvalue=r.pvalue, n=r.n, n_planned=r.n_planned, tv_hat=r.tv_hat,
                        tv_ci=list(r.tv_ci), tv_exact_mean=r.tv_exact_mean, tv_detectable=r.tv_detectable,
@@ -173,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
           f"Command: `{command(argv, __file__)}`  ",
           f"transformers {transformers.__version__}, torch {torch.__version__}; "
           f"tiny random Llamas (vocabulary {len(WORDS)}, target 2 layers, assistant 1), prompt {prompt}, "
-          f"the joint law of {args.tokens} new tokens; each audit sized for TV {args.tv} at power {args.power}, "
+          f"the joint law of {args.tokens} new tokens (3 where the variant says so); "
+          f"each audit sized for TV {args.tv} at power {args.power}, "
           f"level {args.alpha}, at most {args.budget:g} s of sampling.", "",
           f"**Consistent with the target's law** ({len(exact)}): {', '.join(exact) or 'none'}.  ",
           f"**Biased** ({len(biased)}): " + ("; ".join(f"{r['variant']} (TV {r['tv_hat']:.2f})" for r in biased)
@@ -182,9 +215,11 @@ def main(argv: list[str] | None = None) -> int:
           "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["verdict"] == "error":
-            md.append(f"| {r['variant']} | {r['mode']} | - | - | - | - | error: {r['reason'][:120]} |")
+            md.append(f"| {r['variant']} | {r['mode']}, {r['tokens']} tokens | - | - | - | - | "
+                      f"error: {r['reason'][:120]} |")
             continue
-        md.append(f"| {r['variant']} | {r['mode']} | {r['n']} ({r['n_planned']}) | {r['tv_hat']:.3f} "
+        md.append(f"| {r['variant']} | {r['mode']}, {r['tokens']} tokens | {r['n']} ({r['n_planned']}) | "
+                  f"{r['tv_hat']:.3f} "
                   f"[{r['tv_ci'][0]:.3f}, {r['tv_ci'][1]:.3f}] | {r['tv_exact_mean']:.3f} | {r['pvalue']:.2g} | "
                   f"{r['verdict']} |")
     if biased:
