@@ -30,7 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", metavar="PATH|ngram|early-exit:N|heads|none",
                    help="draft model folder, 'ngram', 'ngram:N', 'early-exit:N', 'heads' or 'none' "
                         "(default: the embedded draft, or 'ngram' with --target)")
-    p.add_argument("--lookahead", default="auto", help="drafts per round, or 'auto' (default)")
+    p.add_argument("--lookahead", default=None,
+                   help="drafts per round (default: the draft's own, 4 for a model: a request's seed then gives the "
+                        "same tokens alone or in a batch), or 'auto' (chosen from the batch's acceptance: exact, "
+                        "not seed-stable)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-batch", type=int, default=32, help="rows decoded together at most (default 32)")
@@ -43,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _generator(args: argparse.Namespace, device: str, lookahead: int | str) -> Any:
+def _generator(args: argparse.Namespace, device: str, lookahead: int | str | None) -> Any:
     from ..api import SpeculativeGenerator
     from ..cli import _load
 
@@ -63,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``speculate serve`` with ``argv``; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    lookahead: int | str = args.lookahead
-    if lookahead != "auto":
+    lookahead: int | str | None = args.lookahead
+    if lookahead not in (None, "auto"):
         try:
             lookahead = int(lookahead)
         except ValueError:
