@@ -10,14 +10,16 @@ This module owns everything else: the budget (how many outcomes each row still n
 drafted past it), fresh uniforms every round, the choice of verification rule (speculate.verify),
 ragged acceptance across rows, rows that finish early, the statistics, and the automatic lookahead.
 
-Automatic lookahead (``lookahead="auto"``): after each round, alpha is estimated as
-accepted / (accepted + rejections) over rows and rounds with exponential forgetting (weight 0.9 per
-round, a Beta(1, 1) prior), and the cost ratio c as the measured time per draft step over the
-measured time per target call (exponential moving average), or the fixed ``cost_ratio`` when one
-is given; the next round uses the k in 1..max_lookahead that maximises
-speculate.theory.speedup(alpha, k, c). The choice depends only on past rounds, so every round stays
-exact (proofs/06). With measured timings k depends on the machine's speed, so a seeded run is exact
-but not bit-reproducible; pass ``cost_ratio=`` to make "auto" depend on the seed alone.
+Automatic lookahead (``lookahead="auto"``, :class:`_Lookahead`): after each round, alpha is estimated
+as accepted / (accepted + rejections) over rows and rounds with exponential forgetting (weight 0.9
+per round, a Beta(1, 1) prior); the next round uses the k in 0..max_lookahead (0: plain decoding
+through the same loop) with the most expected outcomes per measured second: the draft's time per
+step, the target call's time at each width (measured, at the batch's current size) and the loop's
+own time per round. With a fixed ``cost_ratio`` it maximises speculate.theory.speedup(alpha, k, c)
+instead (0 when no k pays). While the rule says 0, every 8th round probes the best positive k. The
+choice depends only on past rounds, so every round stays exact (proofs/06). With measured timings k
+depends on the machine's speed, so a seeded run is exact but not bit-reproducible; pass
+``cost_ratio=`` to make "auto" depend on the seed alone.
 
 A Process in full: rows of i.i.d. flips of a biased coin (the state never changes, so commit
 only takes the outcomes), the target ``P`` scored for k+1 states in one call:
@@ -96,6 +98,25 @@ class RunResult(NamedTuple):
 
 
 class _Lookahead:
+    """The lookahead of each round: fixed, or ``"auto"``, chosen from past rounds only (proofs/06).
+
+    ``"auto"`` estimates alpha as accepted / (accepted + rejections) over past drafting rounds (weight
+    ``decay`` per round, a Beta(1, 1) prior) and picks the k in 0..max_lookahead (0: plain decoding
+    through the same loop) with the most expected outcomes per second:
+
+        rate(k) = E_k(alpha) / (k * step + T(k) + rest),   E_k = (1 - alpha^(k+1)) / (1 - alpha), E_0 = 1
+
+    ``step``: measured seconds per draft step; ``T(k)``: measured seconds of the target call of a round
+    that drafted k, at the batch's current width (moving averages; a k not measured yet is interpolated
+    linearly from those that were, so the cost of a wider block is measured, not assumed flat);
+    ``rest``: the loop's other seconds per round (verification, commit). The first rounds measure: k = 4,
+    then k = 0 once, then the rule decides. While the rule says 0, a round every ``PROBE`` rounds drafts
+    the best positive k, so alpha and the costs stay current. With ``cost_ratio=`` the rule is the
+    textbook one, from alpha and that ratio alone (0 when no k pays), and a seeded run is reproducible.
+    """
+
+    PROBE = 8  #: rounds at k = 0 between two probing rounds
+
     def __init__(
         self, lookahead: int | str, max_lookahead: int, cost_ratio: float | None = None, decay: float = 0.9
     ) -> None:
@@ -112,23 +133,77 @@ class _Lookahead:
         if cost_ratio is not None and not (0.0 <= cost_ratio < float("inf")):
             raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
         self.fixed_c = cost_ratio
-        self.c: float | None = cost_ratio
+        self.c: float | None = cost_ratio  # draft step / target call (reported by Stats)
         self.rounds = 0
+        self.step: float | None = None  # seconds per draft step
+        self.call: dict[int, float] = {}  # k -> seconds of the target call of a round with k drafts
+        self.rest: float | None = None  # the loop's other seconds per round
+        self.zeros = 0  # rounds at k = 0 since the last drafting round
 
-    def update(self, n_acc: np.ndarray, lengths: np.ndarray | None, k: int, t_draft: float, t_target: float) -> None:
+    @staticmethod
+    def _ema(old: float | None, new: float) -> float:
+        return new if old is None else 0.8 * old + 0.2 * new
+
+    def update(self, n_acc: np.ndarray, lengths: np.ndarray | None, k: int, t_draft: float, t_target: float,
+               t_rest: float = 0.0) -> None:
         if not self.auto:
             return
-        if lengths is None:
-            lengths = np.full(len(n_acc), k, np.int64)
-        self.acc = self.decay * self.acc + float(n_acc.sum())
-        self.rej = self.decay * self.rej + float(np.sum(n_acc < lengths))
+        if k > 0:
+            if lengths is None:
+                lengths = np.full(len(n_acc), k, np.int64)
+            self.acc = self.decay * self.acc + float(n_acc.sum())
+            self.rej = self.decay * self.rej + float(np.sum(n_acc < lengths))
         alpha = (self.acc + 1.0) / (self.acc + self.rej + 2.0)
         self.rounds += 1
-        if self.fixed_c is None and k > 0 and t_target > 0 and self.rounds > 1:
-            # the first round's times hold one-off costs (first calls of the models, allocation): skipped
-            c = (t_draft / k) / t_target
-            self.c = c if self.c is None else 0.8 * self.c + 0.2 * c
-        self.k = max(1, theory.optimal_lookahead(alpha, self.c or 0.0, self.max))
+        if self.fixed_c is not None:
+            best = theory.optimal_lookahead(alpha, self.fixed_c, self.max)
+            self.k = self._probed(best, lambda: max(1, theory.optimal_lookahead(alpha, 0.0, self.max)))
+            return
+        if self.rounds > 1 and t_target > 0:  # the first round's times hold one-off costs: skipped
+            self.call[k] = self._ema(self.call.get(k), t_target)
+            self.rest = self._ema(self.rest, max(t_rest, 0.0))
+            if k > 0:
+                self.step = self._ema(self.step, t_draft / k)
+                self.c = self.step / t_target
+        if self.rounds < 2:  # measuring: a drafting round, then a plain one
+            return
+        if 0 not in self.call:
+            self.k = 0
+            return
+        self.k = self._probed(self._best(alpha)[0], lambda: max(1, self._best(alpha, positive=True)[0]))
+
+    def _probed(self, best: int, positive: Any) -> int:
+        """``best``, or every PROBE rounds at 0 the best positive k (``positive()``): alpha and the costs
+        of drafting stay current while the rule says not to draft."""
+        if best > 0:
+            self.zeros = 0
+            return best
+        self.zeros += 1
+        if self.zeros >= self.PROBE:
+            self.zeros = 0
+            return int(positive())
+        return 0
+
+    def _target_time(self, k: int) -> float:
+        if k in self.call:
+            return self.call[k]
+        ks = np.array(sorted(self.call), np.float64)
+        ts = np.array([self.call[int(x)] for x in ks])
+        if len(ks) == 1:
+            return float(ts[0])
+        b, a = np.polyfit(ks, ts, 1)
+        return float(max(a + max(b, 0.0) * k, ts.min()))
+
+    def _best(self, alpha: float, positive: bool = False) -> tuple[int, float]:
+        step, rest = self.step or 0.0, self.rest or 0.0
+        best, best_rate = 0, -1.0
+        for k in range(1 if positive else 0, self.max + 1):
+            e = theory.expected_tokens(alpha, k)
+            t = k * step + self._target_time(k) + rest
+            r = e / t if t > 0 else float(k + 1)
+            if r > best_rate * (1 + 1e-9):  # ties: the smaller k
+                best, best_rate = k, r
+        return best, best_rate
 
 
 def _per_row(n: Any, n_rows: int) -> np.ndarray:
@@ -309,7 +384,7 @@ def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
             stats.target_time += t2 - t1
             stats.verify_time += t3 - t2
             stats.commit_time += t4 - t3
-            control.update(n_acc, lengths, k, t1 - t0, t2 - t1)
+            control.update(n_acc, lengths, k, t1 - t0, t2 - t1, t4 - t2)
             done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
             keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
             event_rows = rows
@@ -424,7 +499,7 @@ class RoundLoop:
         self.stats.target_time += t2 - t1
         self.stats.verify_time += t3 - t2
         self.stats.commit_time += t4 - t3
-        self.control.update(n_acc, None if lengths is None else np.asarray(lengths), k, t1 - t0, t2 - t1)
+        self.control.update(n_acc, None if lengths is None else np.asarray(lengths), k, t1 - t0, t2 - t1, t4 - t2)
         self.left = self.left - used
         over = self.left <= 0
         if done is not None:

@@ -23,7 +23,13 @@ import scipy.stats as st
 import speculate as sp
 from speculate import theory
 from speculate.testing import DEFAULT_ALPHA as ALPHA
-from speculate.testing import assert_categorical_matches, assert_continuous_matches, chi2_sample_size, ks_sample_size
+from speculate.testing import (
+    assert_categorical_matches,
+    assert_continuous_matches,
+    chi2_gof,
+    chi2_sample_size,
+    ks_sample_size,
+)
 
 V, L = 3, 3
 _rng = np.random.default_rng(2024)
@@ -566,3 +572,55 @@ def test_an_exception_in_the_users_functions_names_the_function():
     with pytest.raises(RuntimeError) as e:
         sp.chain(tgt, lambda s: (_ for _ in ()).throw(RuntimeError("d")), lambda s, x: x, 0, n=5, rng=0)
     assert any("your draft(state)" in n for n in e.value.__notes__)
+
+
+def _redo_rejected_rounds(monkeypatch) -> None:
+    """A planted fault the auto rule must never have: a round in which every row rejected its first
+    draft is verified again with fresh uniforms (a rule that reacts to the round's own outcome)."""
+    real = sp.rounds.verify_round
+
+    def redo(target, proposal, rule, m, k, R, rng):
+        out = real(target, proposal, rule, m, k, R, rng)
+        return real(target, proposal, rule, m, k, R, rng) if k > 0 and not np.any(out[0]) else out
+
+    monkeypatch.setattr(sp.rounds, "verify_round", redo)
+
+
+def _single_chain_segments(c: int, tv: float, **kw) -> tuple[list, int]:
+    """One chain (one row: every rejection rejects the whole round) of context ``c``'s segments."""
+    need = chi2_sample_size(tv, V**L, alpha=ALPHA)
+    res = sp.chain(target, draft, segment_step, (c, 0, V, V), L * need, **kw)
+    s = res.samples
+    return [tuple(s[i : i + L]) for i in range(0, len(s), L)], res.stats.rounds
+
+
+@pytest.mark.parametrize(("mode", "tv"), [("cost_ratio", 0.02), ("measured", 0.05),
+                                          pytest.param("measured", 0.02, marks=pytest.mark.slow)])
+def test_auto_lookahead_is_exact_on_a_single_chain(mode, tv, monkeypatch):
+    """lookahead="auto" on ONE chain, whose draft is far from the target (about half the rounds reject
+    their first draft: the whole round), with the cost ratio fixed (k from alpha alone, 0 included)
+    or measured (k from the measured costs of each width; many rounds at k = 0): the segments' joint
+    law, TV `tv` caught with power >= 0.99 at ALPHA. With the fixed cost, the planted fault of
+    ``_redo_rejected_rounds`` fails the same check (p < ALPHA on the same seed), so this test sees
+    faults that only whole-round rejections trigger, which the many-row tests above average away."""
+    kw = dict(lookahead="auto", rng=21, cost_ratio=0.05 if mode == "cost_ratio" else None)
+    seqs, rounds = _single_chain_segments(2, tv, **kw)
+    assert rounds < len(seqs) * L  # it did speculate
+    assert_categorical_matches(seqs, joint_law(2), alpha=ALPHA, label=f"auto {mode}, one chain")
+    if mode != "cost_ratio":
+        return
+    _redo_rejected_rounds(monkeypatch)
+    biased, _ = _single_chain_segments(2, tv, **kw)
+    assert chi2_gof(biased, joint_law(2)).pvalue < ALPHA  # the planted fault is caught
+
+
+def test_auto_lookahead_can_choose_plain_decoding():
+    """A useless draft (acceptance near 0) at a cost: the rule drafts nothing (k = 0) in most rounds,
+    probing every 8th, and stays exact (one chain's first outcomes against the target's law)."""
+    p = np.array([0.97, 0.01, 0.01, 0.01])
+    q = np.array([0.0, 0.0, 0.0, 1.0])
+    res = sp.chain(lambda s: sp.Categorical(probs=np.broadcast_to(p, (len(s), 4))), lambda s: sp.Categorical(probs=q),
+                   lambda s, x: s, 0, 4000, lookahead="auto", cost_ratio=0.5, rng=3)
+    counts = res.stats.lookahead_counts
+    assert counts[0] > 0.8 * res.stats.rounds and sum(v for k, v in counts.items() if k > 0) > 0
+    assert_categorical_matches(res.samples, p, alpha=ALPHA)

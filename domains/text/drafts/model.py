@@ -190,9 +190,9 @@ class ModelDraft(Draft):
         for its verification."""
         R = len(start)
         xs, qs = [], []
-        # every step's uniforms in one upload, drawn row-major ([R, steps]: a row's own stream of
-        # uniforms when rng draws per row, as the serving engine's does)
-        u = None if cfg.greedy else upload(np.ascontiguousarray(rng.random((R, steps)).T), last.device)
+        # every step's uniforms in one upload: the numbers of one rng.random(R) per step, as the host path
+        # draws them (so both paths give the same tokens, with one generator or one stream per row)
+        u = None if cfg.greedy else upload(np.stack([rng.random(R) for _ in range(steps)]), last.device)
         for i in range(steps):
             if cfg.greedy:
                 x = self._argmax(last, vocab)  # [R]
