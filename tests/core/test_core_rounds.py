@@ -79,6 +79,13 @@ def test_one_off_costs_are_not_taken_for_the_drafts_cost():
     assert icdf._WARM
     ctl = _Lookahead("auto", 8)
     ctl.update(np.array([2]), None, 2, t_draft=100.0, t_target=0.001)  # a first round of compilation
-    assert ctl.c is None and ctl.k == 8  # alpha only: k follows acceptance as if drafting were free
+    assert ctl.c is None and ctl.step is None and not ctl.call  # no time of the first round is kept
     ctl.update(np.array([2]), None, 2, t_draft=0.002, t_target=0.01)
-    assert ctl.c == pytest.approx(0.1)
+    assert ctl.c == pytest.approx(0.1) and ctl.call == {2: 0.01}
+    assert ctl.k == 0  # then one plain round measures the target call without drafts
+    ctl.update(np.array([0]), None, 0, t_draft=0.0, t_target=0.004)
+    # alpha (0.9 * 2 + 2 + 1) / (0.9 * 2 + 2 + 2): two rounds of 2 kept, decay 0.9, a Beta(1, 1) prior;
+    # T(k) = 0.004 + 0.003 k (the line through the two widths measured); step 0.001
+    alpha = 4.8 / 5.8
+    rates = [sp.theory.expected_tokens(alpha, k) / (0.001 * k + 0.004 + 0.003 * k) for k in range(9)]
+    assert ctl.k == int(np.argmax(rates))
