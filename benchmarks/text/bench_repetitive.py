@@ -1,0 +1,170 @@
+"""Repetitive text: a code-editing workload where outputs repeat the prompt and earlier outputs.
+
+The workload is not ours to choose freely: functions of the Python standard library (``textwrap``,
+``json.decoder``, ``argparse``, ``shlex``, ``difflib``: sources the embedded pair never trained on are
+in its held-out split, these are the library's own), each given in full followed by a one-line edit
+instruction as a comment and the function's first line again, as an agent loop asks a model to rewrite
+a function with a small change. A second turn repeats the request with the first turn's output in the
+prompt (multi-turn requests that repeat earlier outputs). Every method makes the same number of new
+tokens per row (EOS does not stop rows).
+
+Methods: ``plain`` (transformers ``generate``), ``prompt-lookup`` (transformers ``generate(
+prompt_lookup_num_tokens=10)``; batch 1 only: it refuses batches), ``ngram`` (ours, prompt lookup,
+verified exactly), ``suffix`` (ours: the suffix-tree draft, a store shared across requests), ``model``
+(ours, the embedded draft model). Temperature 0 and 1; batch 1 and 8. Methods are interleaved per
+repeat; ratios are of times from the same repeat (medians).
+
+Goals (issue #35): suffix >= 3x plain at batch 1, temperature 0; >= 2x at temperature 1; >= 2x
+transformers' prompt lookup.
+
+    python benchmarks/text/bench_repetitive.py            # about 10 minutes on one thread
+    python benchmarks/text/bench_repetitive.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import command, describe, machine, write  # noqa: E402
+from speculate.domains.text import SpeculativeGenerator  # noqa: E402
+from speculate.domains.text.examples.pair import load_pair  # noqa: E402
+
+EDITS = ["rename the first argument to `value`", "add a docstring", "return early when the input is empty",
+         "use f-strings", "add type hints", "raise ValueError on bad input"]
+
+
+def functions(n: int, max_chars: int = 900) -> list[str]:
+    """``n`` whole functions of the standard library's sources (short enough for the context)."""
+    import argparse as ap
+    import difflib
+    import json.decoder
+    import shlex
+    import textwrap
+
+    out = []
+    for mod in (textwrap, json.decoder, shlex, difflib, ap):
+        for _, obj in inspect.getmembers(mod, inspect.isfunction):
+            if obj.__module__ != mod.__name__:
+                continue
+            try:
+                src = inspect.getsource(obj)
+            except OSError:
+                continue
+            if 200 < len(src) <= max_chars and src.startswith("def "):
+                out.append(src)
+    return out[:n]
+
+
+def first_turn(src: str, i: int) -> str:
+    return f"{src}\n\n# {EDITS[i % len(EDITS)]}:\n{src.splitlines()[0]}\n"
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok.encode_bytes(text.encode(), add_bos=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.new_tokens = 1, 48
+    torch.set_num_threads(args.threads)
+    target, draft, tok = load_pair()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    srcs = functions(8)
+    ours = {"ngram": SpeculativeGenerator(target, "ngram", lookahead=8, tokenizer=tok),
+            "model": SpeculativeGenerator(target, draft, lookahead=4, tokenizer=tok)}
+    try:
+        ours["suffix"] = SpeculativeGenerator(target, "suffix", tokenizer=tok)
+    except (ValueError, TypeError) as err:
+        print(f"suffix draft unavailable: {err}", file=sys.stderr)
+
+    def hf(rows, temperature, extra):
+        L = max(map(len, rows))
+        x = torch.tensor([[pad] * (L - len(r)) + r for r in rows])
+        m = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
+        kw = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+        out = target.generate(x, attention_mask=m, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                              pad_token_id=pad, **kw, **extra)
+        return out.shape[0] * (out.shape[1] - L)
+
+    def speculative(gen):
+        def go(rows, temperature):
+            out = gen.generate(rows, max_new_tokens=args.new_tokens, temperature=temperature, eos_token_id=[], rng=0)
+            return sum(len(t) for t in out.new_tokens)
+        return go
+
+    methods = {"plain": lambda r, t: hf(r, t, {}),
+               "prompt-lookup": lambda r, t: hf(r, t, {"prompt_lookup_num_tokens": 10})}
+    methods.update({name: speculative(g) for name, g in ours.items()})
+    results = []
+    for temperature in (0.0, 1.0):
+        for batch in (1, 8):
+            # turn 1: the edit request; turn 2: the same request with turn 1's output in the prompt
+            reqs = []
+            for i, src in enumerate(srcs[:batch]):
+                reqs.append(ids(tok, first_turn(src, i)))
+            refs = ours["model"].generate(reqs, max_new_tokens=args.new_tokens, temperature=temperature,
+                                          eos_token_id=[], rng=1).texts
+            pairs = enumerate(zip(srcs[:batch], refs, strict=True))
+            turn2 = [ids(tok, first_turn(src, i) + out + f"\n\n# again, {EDITS[(i + 1) % len(EDITS)]}:\n"
+                         + src.splitlines()[0] + "\n") for i, (src, out) in pairs]
+            per: dict[str, list[float]] = {m: [] for m in methods}
+            errors: dict[str, str] = {}
+            for r in range(args.repeats):
+                order = list(methods) if r % 2 == 0 else list(methods)[::-1]
+                for name in order:
+                    if name in errors:
+                        continue
+                    t0 = time.perf_counter()
+                    try:
+                        n = sum(methods[name](rows, temperature) for rows in (reqs, turn2))
+                    except Exception as err:  # prompt lookup refuses batches; recorded
+                        errors[name] = f"{type(err).__name__}: {str(err)[:160]}"
+                        continue
+                    per[name].append(n / (time.perf_counter() - t0))
+            base = statistics.median(per["plain"])
+            row = {"temperature": temperature, "batch": batch,
+                   "tokens_per_s": {m: statistics.median(v) for m, v in per.items() if v},
+                   "over_plain": {m: statistics.median(v) / base for m, v in per.items() if v}, "errors": errors}
+            results.append(row)
+            print(temperature, batch, {m: f"{v:.2f}x" for m, v in row["over_plain"].items()}, errors, flush=True)
+    cmd = command(argv, __file__)
+    env = machine()
+    names = list(methods)
+    md = ["# Repetitive text: a code-editing workload (embedded pair)", "", f"Command: `{cmd}`", "",
+          f"Machine: {describe(env)}.", "",
+          f"{len(srcs)} standard-library functions, each rewritten with a one-line edit, then a second turn "
+          f"with the first turn's output in the prompt; {args.new_tokens} new tokens per row and turn; "
+          f"median of {args.repeats} interleaved repeats.", "",
+          "| temperature | batch | " + " | ".join(f"{m} tok/s (x plain)" for m in names) + " |",
+          "|---|---|" + "---|" * len(names)]
+    for r in results:
+        cells = [f"{r['tokens_per_s'][m]:.0f} ({r['over_plain'][m]:.2f}x)" if m in r["tokens_per_s"]
+                 else "refused" for m in names]
+        md.append(f"| {r['temperature']:g} | {r['batch']} | " + " | ".join(cells) + " |")
+    errs = {m: e for r in results for m, e in r["errors"].items()}
+    if errs:
+        md += ["", "Refusals: " + "; ".join(f"{m}: {e}" for m, e in errs.items())]
+    write("text_repetitive" + ("_quick" if args.quick else ""), {"command": cmd, "rows": results, "machine": env},
+          "\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
