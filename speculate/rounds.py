@@ -10,7 +10,7 @@ This module owns everything else: the budget (how many outcomes each row still n
 drafted past it), fresh uniforms every round, the choice of verification rule (speculate.verify),
 ragged acceptance across rows, rows that finish early, the statistics, and the automatic lookahead.
 
-Automatic lookahead (``lookahead="auto"``, :class:`_Lookahead`): after each round, alpha is estimated
+Automatic lookahead (``lookahead="auto"``, :class:`Lookahead`): after each round, alpha is estimated
 as accepted / (accepted + rejections) over rows and rounds with exponential forgetting (weight 0.9
 per round, a Beta(1, 1) prior); the next round uses the k in 0..max_lookahead (0: plain decoding
 through the same loop) with the most expected outcomes per measured second: the draft's time per
@@ -56,7 +56,8 @@ from .stats import Stats
 from .verify import RULES, verify_round
 from .verify.one_round import as_tree, tree_within_need
 
-__all__ = ["Process", "Proposal", "Round", "RoundLoop", "RunResult", "Verdict", "rounds", "run"]
+__all__ = ["Lookahead", "Process", "Proposal", "Round", "RoundLoop", "RunResult", "Verdict", "rounds", "run"]
+
 
 
 class Proposal(NamedTuple):
@@ -97,7 +98,7 @@ class RunResult(NamedTuple):
     stats: Stats
 
 
-class _Lookahead:
+class Lookahead:
     """The lookahead of each round: fixed, or ``"auto"``, chosen from past rounds only (proofs/06).
 
     ``"auto"`` estimates alpha as accepted / (accepted + rejections) over past drafting rounds (weight
@@ -139,6 +140,13 @@ class _Lookahead:
         self.call: dict[int, float] = {}  # k -> seconds of the target call of a round with k drafts
         self.rest: float | None = None  # the loop's other seconds per round
         self.zeros = 0  # rounds at k = 0 since the last drafting round
+        self.skip = True  # the next round's times hold one-off costs (first calls, allocation): not kept
+
+    def begin(self) -> Lookahead:
+        """A new run continues with what this control learned (alpha, the costs); its first round's
+        times are not kept. A generator that runs many short requests keeps one control across them."""
+        self.skip = True
+        return self
 
     @staticmethod
     def _ema(old: float | None, new: float) -> float:
@@ -159,13 +167,14 @@ class _Lookahead:
             best = theory.optimal_lookahead(alpha, self.fixed_c, self.max)
             self.k = self._probed(best, lambda: max(1, theory.optimal_lookahead(alpha, 0.0, self.max)))
             return
-        if self.rounds > 1 and t_target > 0:  # the first round's times hold one-off costs: skipped
+        skip, self.skip = self.skip, False
+        if not skip and t_target > 0:  # a run's first round's times hold one-off costs: skipped
             self.call[k] = self._ema(self.call.get(k), t_target)
             self.rest = self._ema(self.rest, max(t_rest, 0.0))
             if k > 0:
                 self.step = self._ema(self.step, t_draft / k)
                 self.c = self.step / t_target
-        if self.rounds < 2:  # measuring: a drafting round, then a plain one
+        if not self.call:  # measuring: a drafting round, then a plain one
             return
         if 0 not in self.call:
             self.k = 0
@@ -204,6 +213,9 @@ class _Lookahead:
             if r > best_rate * (1 + 1e-9):  # ties: the smaller k
                 best, best_rate = k, r
         return best, best_rate
+
+
+_Lookahead = Lookahead  # the name before it was public
 
 
 def _per_row(n: Any, n_rows: int) -> np.ndarray:
@@ -309,11 +321,13 @@ def rounds(
     max_lookahead: int = 16,
     cost_ratio: float | None = None,
     stats: Stats | None = None,
+    control: Lookahead | None = None,
 ) -> Iterator[Round]:
     """The round loop as a generator: one :class:`Round` after each commit, until every row of
     ``process`` has ``n`` outcomes (or is done). For callers that show results as they come
     (streaming); stopping early is allowed (close the generator: the process keeps what it
-    committed). Arguments as for :func:`run`, which is this loop run to the end.
+    committed). Arguments as for :func:`run`, which is this loop run to the end; ``control``: a
+    :class:`Lookahead` to continue (``lookahead="auto"`` across calls: what it learned is the past).
     """
     if verify not in RULES:
         raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
@@ -324,7 +338,9 @@ def rounds(
     m = int(branches)
     rng = as_rng(rng)
     wanted = _per_row(n, n_rows)
-    control = _Lookahead(lookahead, max_lookahead, cost_ratio)
+    if control is not None and not isinstance(control, Lookahead):
+        raise TypeError(f"control must be a speculate.rounds.Lookahead, got {type(control).__name__}")
+    control = Lookahead(lookahead, max_lookahead, cost_ratio) if control is None else control.begin()
     warm_up()  # the draws a draft step makes: compiled (once per process) before any round is timed
     stats = Stats() if stats is None else stats
     return _rounds(process, wanted, m, verify, rng, control, stats)
@@ -438,7 +454,7 @@ class RoundLoop:
             raise ValueError(f"verify must be one of {RULES}, got {verify!r}")
         self.process, self.verify = process, verify
         self.rng = rng if hasattr(rng, "random") and not isinstance(rng, (int, np.integer)) else as_rng(rng)
-        self.control = _Lookahead(lookahead, max_lookahead, cost_ratio)
+        self.control = Lookahead(lookahead, max_lookahead, cost_ratio)
         self.stats = Stats() if stats is None else stats
         self.rows = np.zeros(0, np.int64)
         self.left = np.zeros(0, np.int64)

@@ -28,7 +28,7 @@ import numpy as np
 
 from speculate.distributed.sharding import map_shards
 from speculate.rng import as_rng
-from speculate.rounds import Round, rounds
+from speculate.rounds import Lookahead, Round, rounds
 from speculate.stats import Stats
 
 from .models.encoder_decoder import encode
@@ -211,7 +211,7 @@ def rounds_of(gen: Any, req: Request) -> Iterator[Round]:
         req.process.start(spare=req.spare)
         yield from rounds(req.process, len(req.prompt_lengths), req.n_new, lookahead=gen.lookahead,
                           verify=req.verify, rng=req.rng, max_lookahead=gen.max_lookahead,
-                          cost_ratio=gen.cost_ratio, stats=req.stats)
+                          cost_ratio=gen.cost_ratio, stats=req.stats, control=_control(gen))
     finally:
         try:
             req.process.release()
@@ -234,6 +234,19 @@ def output_of(gen: Any, req: Request) -> GenerationOutput:
                             prefill_time=req.process.prefill_time,
                             wall_time=time.perf_counter() - req.t_start, tokenizer=gen.tokenizer,
                             logprobs=lp, finish_reasons=reasons)
+
+
+def _control(gen: Any) -> Lookahead | None:
+    """``lookahead="auto"`` with measured costs: one control per generator, continued across its calls
+    (the acceptance and the costs it measured are the past of the next call; many short requests do
+    not each pay for measuring rounds). With ``cost_ratio=`` each call starts afresh: its output then
+    depends on its seed alone."""
+    if gen.lookahead != "auto" or gen.cost_ratio is not None:
+        return None
+    c = gen.__dict__.get("_auto")
+    if c is None or c.max != gen.max_lookahead:
+        c = gen._auto = Lookahead("auto", gen.max_lookahead)
+    return c
 
 
 #: makes the running check and set of :func:`_claim` one step across threads
