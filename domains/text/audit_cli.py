@@ -20,7 +20,8 @@ The law is the target's under the generation flags, read as ``model.generate`` r
 disables it). ``--reference hf-plain`` compares with plain ``generate`` instead (two samples).
 
 The report goes to standard output (``--json``: as JSON, with the command line and versions); exit
-status 0 when consistent, 1 when biased, 3 when inconclusive (the budget ran out), 2 on bad input.
+status 0 when consistent, 1 when biased, 3 when inconclusive (the budget ran out), 4 when the sampler
+raised during the audit (verdict ``error``: e.g. a NaN guard refusing a broken law), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError, ImportError, AttributeError) as e:
         print(f"speculate audit: {e}", file=sys.stderr)
         return 2
-    status = {"consistent": 0, "biased": 1, "inconclusive": 3}[report.verdict]
+    status = {"consistent": 0, "biased": 1, "inconclusive": 3, "error": 4}[report.verdict]
     if args.json:
         print(json.dumps({"command": "speculate audit " + " ".join(argv), "sampler": what, "law": law_desc,
                           "prompt_ids": prompt, "versions": {"speculate": __version__,

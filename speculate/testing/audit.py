@@ -40,6 +40,11 @@ sampler that does not return the number of sequences asked, or sequences of anyt
 non-negative integers (checked on a probe call of two sequences). Settings an oracle builder cannot
 reproduce are its own refusal (``speculate.domains.text.audit``).
 
+**A sampler that raises** during the audit (its probe call included), or that returns malformed
+output after a good probe, ends it with the verdict ``"error"``: the report names the exception,
+the call and where it was raised (``report.error``, ``report.notes``), ``report.failed`` is true, and
+nothing is tested (a NaN guard that refuses a broken law shows up here: nothing silently wrong).
+
 **Impossible outcomes** (probability 0 under the oracle, or not listed in it, but sampled) reject
 at once, with the outcome named, whatever the law: no sample size makes them consistent.
 
@@ -65,7 +70,13 @@ biased with probability at most ``alpha``).
   sample of the reference (not reused in the test, so the cells do not depend on the tested data;
   outcomes the pilot did not see are pooled). Any deviation of TV ``tv`` between the two laws
   (on those cells) is caught with probability ``power``: the noncentrality is at least
-  ``2 n tv^2`` for ``n`` draws from each. No sequential test in this mode.
+  ``2 n tv^2`` for ``n`` draws from each. Its sequential test (``sequential=True``, at ``alpha /
+  10`` too) pairs the two samplers' draws in drawing order and bets on which of each pair's two
+  values came from which sampler: under one law either labelling has probability 1/2 given the
+  unordered pair and the past, whatever that law is, so the product of ``2 pi`` over pairs (``pi``:
+  the observed labelling's probability under the laws estimated from past pairs, add-0.5 smoothed)
+  is a nonnegative martingale of mean 1, and by Ville's inequality it ever exceeds ``10 / alpha``
+  with probability at most ``alpha / 10``; it stops as soon as it does.
 
 The per-position breakdown (``report.positions``) tests, for each position ``j``, the marginal law
 of token ``j`` ("end" when the sequence has ended) and its conditional law given the ``j`` tokens
@@ -79,6 +90,7 @@ import inspect
 import math
 import sys
 import time
+import traceback
 import types
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -90,8 +102,8 @@ from scipy import stats as st
 
 from .gof import _merge
 
-__all__ = ["DEFAULT_AUDIT_ALPHA", "DEFAULT_POWER", "DEFAULT_TV", "SUM_TOL", "AuditReport", "audit",
-           "check_law", "detectable_tv", "planned_sample_size"]
+__all__ = ["DEFAULT_AUDIT_ALPHA", "DEFAULT_POWER", "DEFAULT_TV", "SUM_TOL", "AuditReport", "SamplerFailed",
+           "audit", "check_law", "detectable_tv", "planned_sample_size"]
 
 DEFAULT_TV = 0.05  #: the total variation an audit is sized to catch by default
 DEFAULT_AUDIT_ALPHA = 1e-3  #: an audit's default level (the test suite uses speculate.testing.DEFAULT_ALPHA)
@@ -165,6 +177,7 @@ class _Sampler:
         if not callable(fn):
             raise TypeError(f"{name} must be a callable sampler(n, seed) or sampler(seed), got {type(fn).__name__}")
         self.fn, self.name = fn, name
+        self.calls, self.rows, self.probed = 0, 0, False
         self.batched = _batched(fn)
         own = getattr(fn, "batch_size", None)
         size = batch if batch is not None else own if own is not None else (1024 if self.batched else 1)
@@ -173,8 +186,35 @@ class _Sampler:
         self.batch = int(size) if self.batched else 1
 
     def draw(self, n: int, seed: int, horizon: int | None) -> list[tuple[int, ...]]:
-        out = self.fn(n, seed) if self.batched else [self.fn(seed)]
-        return _rows(out, n, self.name, horizon)
+        """``n`` sequences; what the sampler raises, or malformed output after the probe, ends the
+        audit as a :class:`SamplerFailed` (malformed output on the probe is refused: bad input)."""
+        self.calls += 1
+        try:
+            out = self.fn(n, seed) if self.batched else [self.fn(seed)]
+        except Exception as e:
+            raise SamplerFailed(self, e) from e
+        try:
+            rows = _rows(out, n, self.name, horizon)
+        except (TypeError, ValueError) as e:
+            if not self.probed:
+                raise
+            raise SamplerFailed(self, e) from e
+        if self.probed:  # sequences drawn after the probe
+            self.rows += len(rows)
+        self.probed = True
+        return rows
+
+
+class SamplerFailed(Exception):
+    """A sampler raised (or returned malformed output after its probe) during an audit: reported
+    as the verdict ``"error"``, not raised from :func:`audit`."""
+
+    def __init__(self, sampler: _Sampler, error: Exception) -> None:
+        super().__init__(f"{sampler.name} raised {type(error).__name__}: {error}")
+        self.sampler, self.error = sampler.name, error
+        self.call, self.rows = sampler.calls, sampler.rows
+        tb = traceback.extract_tb(error.__traceback__)
+        self.where = f"{tb[-1].filename}:{tb[-1].lineno} in {tb[-1].name}" if tb else ""
 
 
 def _batched(fn: Callable) -> bool:
@@ -227,7 +267,8 @@ def _seed(seed: int, i: int) -> int:
 class AuditReport:
     """What :func:`audit` found. ``verdict``: ``"biased"`` (rejected at level ``alpha``),
     ``"consistent"`` (the planned sample drawn and not rejected: no deviation of TV ``tv`` or more,
-    with probability ``power``) or ``"inconclusive"`` (the budget ran out first)."""
+    with probability ``power``), ``"inconclusive"`` (the budget ran out first) or ``"error"`` (the
+    sampler raised: ``error`` says what)."""
 
     verdict: str
     reason: str
@@ -256,10 +297,16 @@ class AuditReport:
     samples_per_second: float = 0.0
     horizon: int = 0
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  #: with the verdict "error": what the sampler raised ("ValueError: ...")
 
     @property
     def biased(self) -> bool:
         return self.verdict == "biased"
+
+    @property
+    def failed(self) -> bool:
+        """Biased, or the sampler raised (verdict ``"error"``): either way not shown to keep the law."""
+        return self.verdict in ("biased", "error")
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-able dict (outcomes as lists)."""
@@ -271,6 +318,9 @@ class AuditReport:
         return d
 
     def __str__(self) -> str:
+        if self.verdict == "error":
+            return "\n".join([f"verdict: ERROR: {self.reason}", f"  {self.mode} test, alpha {self.alpha:g}, "
+                              f"{self.n} sequences drawn before the error"] + [f"  note: {n}" for n in self.notes])
         lines = [f"verdict: {self.verdict.upper()}: {self.reason}",
                  f"  {self.mode} test, alpha {self.alpha:g}, sized for TV {self.tv:g} at power {self.power:g}: "
                  f"n = {self.n} of {self.n_planned} planned, {self.cells} cells in {self.bins} bins, "
@@ -280,7 +330,8 @@ class AuditReport:
                  f"this n detects TV >= {self.tv_detectable:.4f}"]
         if self.sequential:
             s = self.sequential
-            stop = f", stopped at sample {s['stopped_at']}" if s.get("stopped_at") else ""
+            unit = "pair" if self.mode == "two-sample" else "sample"
+            stop = f", stopped at {unit} {s['stopped_at']}" if s.get("stopped_at") else ""
             lines.append(f"  sequential e-process: e = {s['e_value']:.3g} (rejects at {s['threshold']:g}){stop}")
         ref = "reference" if self.mode == "two-sample" else "expected"
         for side, rows in (("over", self.over), ("under", self.under)):
@@ -479,6 +530,67 @@ class _EProcess:
                 "pvalue": min(1.0, math.exp(-self.max_log_e))}
 
 
+class _PairEProcess:
+    """The two-sample e-process (see the module docstring): pairs (a, b), the sampler's and the
+    reference's draws in drawing order, bet on which of the two unordered values came from which
+    sampler. Under one law the labelling is a fair coin given the pair and the past, so each factor
+    ``2 pi`` (``pi``: the plug-in probability of the observed labelling, from past pairs only) has
+    conditional mean 1 and the product is a nonnegative martingale (Ville: it ever exceeds
+    ``threshold`` with probability at most ``1 / threshold``). Pairs with a == b leave it unchanged."""
+
+    SMOOTH = 0.5  #: pseudo-count of each cell in the plug-in laws
+
+    def __init__(self, cells: int, threshold: float) -> None:
+        self.ca, self.cb = np.zeros(cells), np.zeros(cells)
+        self.t = 0
+        self.log_e, self.max_log_e = 0.0, 0.0
+        self.threshold, self.log_threshold = threshold, math.log(threshold)
+        self.stopped_at: int | None = None
+
+    def update(self, a: np.ndarray, b: np.ndarray) -> int | None:
+        """Feed pairs in order; the number consumed when the threshold is crossed, else None."""
+        if self.stopped_at is not None:
+            return None
+        K = self.ca.size
+        chunk = max(1, 2**22 // K)
+        for lo in range(0, a.size, chunk):
+            used = self._chunk(a[lo : lo + chunk], b[lo : lo + chunk])
+            if used is not None:
+                return lo + used
+        return None
+
+    def _chunk(self, a: np.ndarray, b: np.ndarray) -> int | None:
+        m, K = a.size, self.ca.size
+        rows = np.arange(m)
+        oa, ob = np.zeros((m, K)), np.zeros((m, K))
+        oa[rows, a] = 1.0
+        ob[rows, b] = 1.0
+        ca = self.ca + np.cumsum(oa, axis=0) - oa  # counts before each pair
+        cb = self.cb + np.cumsum(ob, axis=0) - ob
+        tot = (self.t + rows + self.SMOOTH * K)[:, None]
+        fa, fb = (ca + self.SMOOTH) / tot, (cb + self.SMOOTH) / tot  # plug-in laws of the sampler, the reference
+        seen = fa[rows, a] * fb[rows, b]  # the labelling observed: the sampler drew a, the reference b
+        swap = fa[rows, b] * fb[rows, a]
+        steps = np.where(a == b, 0.0, np.log(2.0 * seen / (seen + swap)))
+        path = self.log_e + np.cumsum(steps)
+        hit = np.flatnonzero(path >= self.log_threshold)
+        used = int(hit[0]) + 1 if hit.size else m
+        self.ca += oa[:used].sum(axis=0)
+        self.cb += ob[:used].sum(axis=0)
+        self.t += used
+        self.log_e = float(path[used - 1])
+        self.max_log_e = max(self.max_log_e, float(path[:used].max()))
+        if hit.size:
+            self.stopped_at = self.t
+            return used
+        return None
+
+    def summary(self) -> dict:
+        return {"e_value": math.exp(min(self.log_e, 700.0)), "max_e_value": math.exp(min(self.max_log_e, 700.0)),
+                "threshold": self.threshold, "stopped_at": self.stopped_at,
+                "pvalue": min(1.0, math.exp(-self.max_log_e))}
+
+
 def _symbol(o: tuple, j: int) -> Any:
     return o[j] if len(o) > j else END
 
@@ -573,14 +685,35 @@ def audit(sampler: Any, oracle: Any = None, *, reference: Any = None, horizon: i
     if reference is not None:
         if horizon is None or not isinstance(horizon, (int, np.integer)) or horizon < 1:
             raise ValueError("two-sample mode needs horizon= (the number of tokens compared), an int >= 1")
-        return _two_sample(s, _Sampler(reference, batch, "the reference sampler"), int(horizon), tv, alpha, power,
-                           n, budget, seed, min_expected, pilot, progress)
+        try:
+            return _two_sample(s, _Sampler(reference, batch, "the reference sampler"), int(horizon), tv, alpha,
+                               power, n, budget, seed, sequential, min_expected, pilot, progress)
+        except SamplerFailed as e:
+            return _error_report(e, "two-sample", tv, alpha, power, int(horizon))
     law = check_law(oracle)
     if horizon is not None:
         if any(len(o) > horizon for o in law.outcomes):
             raise ValueError(f"horizon={horizon} is shorter than the oracle's outcomes ({law.horizon} tokens)")
         law = _Law(law.outcomes, law.probs, law.index, int(horizon))
-    return _one_sample(s, law, tv, alpha, power, n, budget, seed, sequential, min_expected, progress)
+    try:
+        return _one_sample(s, law, tv, alpha, power, n, budget, seed, sequential, min_expected, progress)
+    except SamplerFailed as e:
+        return _error_report(e, "law", tv, alpha, power, law.horizon)
+
+
+def _error_report(e: SamplerFailed, mode: str, tv: float, alpha: float, power: float, horizon: int) -> AuditReport:
+    """The report of an audit a sampler's error ended: nothing tested, the error named."""
+    nan = float("nan")
+    err = f"{type(e.error).__name__}: {e.error}"
+    probe = " (its probe call, before sampling)" if e.call == 1 else ""
+    reason = (f"{e.sampler} raised {err} on call {e.call}{probe}, after {e.rows} sequences: nothing can be said "
+              "about its law; a sampler that keeps the law returns token ids, and one that cannot must refuse "
+              "its input before sampling")
+    return AuditReport(
+        verdict="error", reason=reason, pvalue=nan, alpha=alpha, tv=tv, power=power, n_planned=0, n=e.rows,
+        mode=mode, cells=0, bins=0, statistic=nan, df=0, tv_hat=nan, tv_ci=(nan, nan), tv_exact_mean=nan,
+        tv_exact_q95=nan, tv_detectable=1.0, horizon=horizon, error=err,
+        notes=[f"raised at {e.where}"] if e.where else [])
 
 
 def _one_sample(s: _Sampler, law: _Law, tv, alpha, power, n, budget, seed, sequential, min_expected,
@@ -670,8 +803,10 @@ def _one_sample(s: _Sampler, law: _Law, tv, alpha, power, n, budget, seed, seque
         samples_per_second=drawn / seconds if seconds > 0 else 0.0, horizon=law.horizon, notes=notes)
 
 
-def _two_sample(s: _Sampler, r: _Sampler, horizon, tv, alpha, power, n, budget, seed, min_expected, pilot,
-                progress) -> AuditReport:
+def _two_sample(s: _Sampler, r: _Sampler, horizon, tv, alpha, power, n, budget, seed, sequential, min_expected,
+                pilot, progress) -> AuditReport:
+    a_seq = alpha * SEQ_SHARE if sequential else 0.0
+    a_fix = alpha - a_seq
     s.draw(2 if s.batched else 1, _seed(seed, 2**31 - 1), horizon)  # probes: bad output refused before sampling
     r.draw(2 if r.batched else 1, _seed(seed + 1, 2**31 - 1), horizon)
     t0 = time.perf_counter()
@@ -685,13 +820,17 @@ def _two_sample(s: _Sampler, r: _Sampler, horizon, tv, alpha, power, n, budget, 
     cells = sorted(pil, key=repr)
     freq = np.array([pil[c] for c in cells], np.float64) / n_pilot
     # cells fixed by the pilot; everything the pilot did not see goes to one extra cell of mass ~0
-    n_plan, _ = planned_sample_size(freq, tv, alpha=alpha, power=power, min_expected=min_expected, two_sample=True)
+    n_plan, _ = planned_sample_size(freq, tv, alpha=a_fix, power=power, min_expected=min_expected, two_sample=True)
     n_target = int(n) if n is not None else n_plan
     bins = _merge(freq * n_target, min_expected)
     kb = int(bins.max()) + 1
     cell_bin = {c: int(b) for c, b in zip(cells, bins, strict=True)}
     other = kb  # unseen outcomes
     ca, cb = np.zeros(kb + 1), np.zeros(kb + 1)
+    eproc = _PairEProcess(kb + 1, 1.0 / a_seq) if sequential else None
+    pend_a: list[int] = []  # bins drawn but not yet paired (the samplers' batches may differ)
+    pend_b: list[int] = []
+    stopped = False
     seen_a: Counter = Counter()
     seen_b: Counter = Counter()
     drawn_a = drawn_b = 0
@@ -709,18 +848,28 @@ def _two_sample(s: _Sampler, r: _Sampler, horizon, tv, alpha, power, n, budget, 
                     continue
                 rows = smp.draw(k, _seed(seed + (which == "b"), i), horizon)
                 seen.update(rows)
-                for o in rows:
-                    cnt[cell_bin.get(o, other)] += 1
+                got = [cell_bin.get(o, other) for o in rows]
+                for c in got:
+                    cnt[c] += 1
                 if which == "a":
                     drawn_a += k
+                    pend_a += got
                     bar.update(k)
                 else:
                     drawn_b += k
+                    pend_b += got
             i += 1
+            if eproc is not None:  # pairs in drawing order: the sampler's j-th draw with the reference's j-th
+                m = min(len(pend_a), len(pend_b))
+                if m and eproc.update(np.array(pend_a[:m], np.int64), np.array(pend_b[:m], np.int64)) is not None:
+                    stopped = True
+                    break
+                del pend_a[:m], pend_b[:m]
     finally:
         bar.close()
     seconds = time.perf_counter() - t1
     stat, df, pval = _homogeneity(ca, cb, min_expected)
+    seq = eproc.summary() if eproc is not None else {}
     na, nb_ = max(ca.sum(), 1), max(cb.sum(), 1)
     tv_hat = 0.5 * float(np.abs(ca / na - cb / nb_).sum())
     rng = np.random.default_rng(_seed(seed, 2**31 - 2))
@@ -734,8 +883,12 @@ def _two_sample(s: _Sampler, r: _Sampler, horizon, tv, alpha, power, n, budget, 
     ob = np.array([seen_b.get(o, 0) for o in outs], np.float64)
     over, under = _extremes(outs, oa, ob / nb_, ref="reference")
     n_done = int(min(drawn_a, drawn_b))
-    if pval < alpha:
-        verdict, reason = "biased", f"the two samplers differ: chi-square p = {pval:.3g} < {alpha:g}"
+    if stopped:
+        verdict, pval = "biased", seq["pvalue"]  # the chi-square p is not valid at a data-chosen n
+        reason = (f"the two samplers differ: the sequential test stopped after {seq['stopped_at']} pairs: "
+                  f"e-value {seq['e_value']:.3g} >= {seq['threshold']:g} (anytime-valid p <= {seq['pvalue']:.2g})")
+    elif pval < a_fix:
+        verdict, reason = "biased", f"the two samplers differ: chi-square p = {pval:.3g} < {a_fix:g}"
     elif n_done >= n_target:
         verdict = "consistent"
         reason = (f"no difference found in {n_done} samples each: a TV of {tv:g} or more between the two laws "
@@ -743,18 +896,21 @@ def _two_sample(s: _Sampler, r: _Sampler, horizon, tv, alpha, power, n, budget, 
     else:
         verdict = "inconclusive"
         reason = (f"the budget ran out after {n_done} of {n_target} samples each; they catch TV >= "
-                  f"{detectable_tv(n_done, kb, alpha=alpha, power=power, two_sample=True):.3g}")
+                  f"{detectable_tv(n_done, kb, alpha=a_fix, power=power, two_sample=True):.3g}")
+    notes = [f"cells fixed by {n_pilot} pilot draws of the reference (not tested); outcomes the pilot did not "
+             "see are pooled in one cell"]
+    notes.append(f"the level {alpha:g} is split: {a_seq:g} for the sequential test (pairs, label-swap "
+                 f"e-process), {a_fix:g} for the fixed-sample test" if sequential else "no sequential test")
     return AuditReport(
         verdict=verdict, reason=reason, pvalue=pval, alpha=alpha, tv=tv, power=power, n_planned=n_target, n=n_done,
         mode="two-sample", cells=len(outs), bins=kb + int(ca[other] + cb[other] > 0), statistic=stat, df=df,
         tv_hat=tv_hat,
         tv_ci=_basic(tv_hat, boot), tv_exact_mean=float(null.mean()),
         tv_exact_q95=float(np.quantile(null, 0.95)),
-        tv_detectable=detectable_tv(n_done, kb, alpha=alpha, power=power, two_sample=True), over=over, under=under,
+        tv_detectable=detectable_tv(n_done, kb, alpha=a_fix, power=power, two_sample=True), over=over, under=under,
         positions=_positions(seen_a, None, seen_b, horizon, alpha, min_expected) if n_done else [],
-        seconds=seconds, samples_per_second=(drawn_a + drawn_b) / seconds if seconds > 0 else 0.0, horizon=horizon,
-        notes=[f"cells fixed by {n_pilot} pilot draws of the reference (not tested); outcomes the pilot did not "
-               "see are pooled in one cell", "no sequential test in two-sample mode"])
+        sequential=seq, seconds=seconds, samples_per_second=(drawn_a + drawn_b) / seconds if seconds > 0 else 0.0,
+        horizon=horizon, notes=notes)
 
 
 class _CallableModule(types.ModuleType):

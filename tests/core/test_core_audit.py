@@ -26,7 +26,7 @@ from speculate.testing import DEFAULT_ALPHA as ALPHA
 from speculate.testing import audit, chi2_sample_size
 from speculate.testing.audit import SUM_TOL, check_law, detectable_tv, planned_sample_size
 
-N_RATE_CHECKS = 8  # binomial comparisons of a simulated rate with a stated one in this file
+N_RATE_CHECKS = 9  # binomial comparisons of a simulated rate with a stated one in this file
 LEVEL = ALPHA / N_RATE_CHECKS
 SIM_ALPHA = 0.05
 
@@ -127,8 +127,54 @@ def test_two_sample_false_alarms_and_power():
     assert rate_at_least(hits, sims, 0.9), f"caught {hits}/{sims}"
 
 
+def test_two_sample_sequential_type_one_error_is_controlled():
+    """The two-sample e-process (label-swap bets on pairs) is valid whatever the common law: two
+    identical samplers push it over 1 / alpha_seq with probability <= alpha_seq (200 audits of 5000
+    pairs each, alpha_seq = 0.05)."""
+    sims, alpha = 200, 0.5
+    stops = 0
+    for s in range(sims):
+        r = audit(numpy_sampler(P), reference=numpy_sampler(P), horizon=2, tv=0.1, alpha=alpha, power=0.9, n=5000,
+                  seed=6000 + 2 * s, progress=False)
+        stops += r.sequential["stopped_at"] is not None
+    assert rate_at_most(stops, sims, alpha / 10), f"{stops}/{sims} sequential stops at level {alpha / 10}"
+
+
+def test_two_sample_sequential_test_stops_early_on_a_gross_bias():
+    r = audit(numpy_sampler(planted(0.25)), reference=numpy_sampler(P), horizon=2, tv=0.02, alpha=1e-3,
+              progress=False)
+    assert r.biased and r.sequential["stopped_at"] is not None and r.n < r.n_planned / 10, r
+    assert r.pvalue <= 1e-4 and "stopped after" in r.reason
+    off = audit(numpy_sampler(P), reference=numpy_sampler(P), horizon=2, tv=0.1, sequential=False, progress=False)
+    assert off.sequential == {} and "no sequential test" in off.notes[-1]
+
+
+def test_a_sampler_that_raises_is_reported_not_raised():
+    """A sampler's own exception (here a NaN guard) ends the audit with the verdict "error", naming it;
+    in two-sample mode too, and after a good probe (malformed output mid-run as well)."""
+    def nan_guard(n, seed):
+        raise ValueError("probabilities contain NaN")
+
+    r = audit(nan_guard, LAW, progress=False)
+    assert r.verdict == "error" and r.failed and not r.biased and "NaN" in r.error and "probe" in r.reason
+    assert "ERROR" in str(r) and json.loads(json.dumps(r.as_dict()))["verdict"] == "error"
+    r = audit(numpy_sampler(P), reference=nan_guard, horizon=2, progress=False)
+    assert r.verdict == "error" and r.reason.startswith("the reference sampler raised ValueError")
+    calls = []
+
+    def later(n, seed):
+        calls.append(n)
+        if len(calls) > 3:
+            return np.full((n, 2), np.nan)  # NaN-derived garbage after a good probe
+        return numpy_sampler(P)(n, seed)
+
+    r = audit(later, LAW, batch=100, progress=False)
+    assert r.verdict == "error" and r.n == 200 and "float64" in r.error and "call 4" in r.reason
+
+
 def test_two_sample_report():
-    r = audit(numpy_sampler(planted(0.2)), reference=numpy_sampler(P), horizon=2, tv=0.1, progress=False)
+    r = audit(numpy_sampler(planted(0.2)), reference=numpy_sampler(P), horizon=2, tv=0.1, sequential=False,
+              progress=False)
     assert r.mode == "two-sample" and r.biased and r.n == r.n_planned
     assert r.tv_ci[0] <= 0.2 <= r.tv_ci[1] + 0.02
     assert r.over[0]["outcome"][1] == 1 and r.under[0]["outcome"][1] == 2
