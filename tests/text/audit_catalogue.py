@@ -5,7 +5,7 @@ tests can be shown to catch every one of them (tests/text/test_text_audit_catalo
 Each :class:`Fault` names the upstream issue, what was wrong, how it is planted here, and the total
 variation (TV) it induces on the audit's standard case (:data:`CASE`: the joint law of the first 3
 new tokens of one prompt, a 2-layer target and a 1-layer draft on 8 tokens, lookahead 2,
-temperature 0.8, top-k 4, top-p 0.9, min-p 0.1, EOS = token ``CASE.eos``). The TV is computed
+temperature 0.8, top-k 4, top-p 0.9, min-p 0.15, EOS = token ``CASE.eos``). The TV is computed
 EXACTLY by :func:`exact_law`, an enumeration of the generator's rounds (every drafted path, every
 verification outcome, float64 forwards) with the fault's wrong piece in place; without a fault it
 reproduces ``continuation_law`` (checked by the tests), so the numbers are the faults' own.
@@ -20,10 +20,29 @@ reproduces ``continuation_law`` (checked by the tests), so the numbers are the f
 | eos-in-block-missed | transformers #47931 | an EOS accepted inside a block did not end the row | 0.280 |
 | block-as-token-rule | vllm-ascend #7807 / PR #7808 | the block path ran the token test and residual | 0.059 |
 | bf16-draft | DeepSpec #31 | drafts sampled from bfloat16 logits, accepted with the float32 law | 0.062 (offset 20) |
+| ranks-disagree | vLLM #17498 / PR #17929 | ranks verified with their own uniforms: count from one, token from another | 0.073 (T 1) |
+| nan-greedy-temperature | vLLM #27077 | greedy marker 0 not swapped: target law softmax(logits / 0), NaN | 1.0 (T 0) |
+
+vLLM #17498 happened across processes (tensor-parallel ranks without a shared seed: each ran the
+rejection sampler with its own random state, so ranks accepted different tokens). Its one-process
+analogue here: the round verified twice by our own kernels with independent uniforms, the count of
+accepted drafts taken from one verification and the token after them from the other (a row assembled
+from two ranks' verdicts). Its exact law is the product of the token rule with itself
+(:func:`split_rule`). At the standard case's temperature 0.8 its TV is 0.0410, under the audit's
+default 0.05 (the default audit's power against that deviation is 0.94); at temperature 1 (its case
+here) it is 0.0726, with 1.2% of its mass on outcomes the law excludes.
+
+vLLM #27077 hit greedy rows (temperature 0; at 0.8 the plant changes nothing): their logits were
+divided by the new greedy marker 0. Planted on the target's side of our path, the law it verifies
+with is NaN; our greedy verifier refuses it (``ValueError``: "probabilities contain NaN"), so the
+generator raises and the audit reports the sampler's error (verdict ``"error"``); nothing wrong is
+ever sampled. ``Fault.unguarded`` removes that guard too (a NumPy argmax that reads NaN rows, as a
+GPU argmax would): token 0 at every position, an outcome the greedy law excludes (TV 1), rejected by
+the audit on its first sample and by the law test.
 
 ``python tests/text/audit_catalogue.py`` prints this table with the TVs recomputed; each fault's
 ``tv`` field holds its number and the tests check it against :func:`exact_law`. Every TV is above
-the audit's default ``tv`` (0.05): the default audit catches each of them with probability >= 0.99.
+the audit's default ``tv`` (0.05) on its case: the default audit catches each of them with probability >= 0.99.
 bfloat16 rounding alone is a tiny bias (TV 0.0002 with logits near 0, 0.01 near 20 without top-k / top-p /
 min-p); what makes DeepSpec #31 visible is the filtered support it moves (a token one law keeps and the
 other drops), so its case adds 20 to the draft's logits (no change to its float32 law).
@@ -145,6 +164,30 @@ def block_as_token_rule(p: list, q: list, x: tuple) -> list[tuple[int, np.ndarra
     return out
 
 
+def split_rule(p: list, q: list, x: tuple) -> list[tuple[int, np.ndarray, float]]:
+    """vLLM #17498: two "ranks" verify the same drafts with the token rule, each with its OWN uniforms;
+    the row keeps rank A's count of accepted drafts and rank B's token after them (drawn where B
+    stopped: its residual, or its bonus token when it accepted everything). A and B are independent
+    given the drafts, so the round's law is the product of the token rule's law with itself."""
+    law = token_rule(p, q, x)
+    return [(a, nd, pa * pb) for a, _, pa in law for _, nd, pb in law]
+
+
+def greedy_rule(p: list, q: list, x: tuple) -> list[tuple[int, np.ndarray, float]]:
+    """Temperature 0 verified by argmax with no check of what it reads (``np.argmax``, like
+    ``torch.argmax``, takes a NaN for the maximum): the drafts up to the first that is not the target's
+    argmax, then that argmax. On finite one-hot laws it is the token rule's greedy case."""
+    def top(v: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(v))
+        out[int(np.argmax(v))] = 1.0
+        return out
+
+    for i, xi in enumerate(x):
+        if xi != int(np.argmax(p[i])):
+            return [(i, top(p[i]), 1.0)]
+    return [(len(x), top(p[len(x)]), 1.0)]
+
+
 # ------------------------------------------------------------------------------------ the faults
 
 
@@ -162,7 +205,17 @@ class Fault:
     report_q: str = "law"  #: what q the verifier is told: "law" (what was sampled from) or "raw"
     sample_q: str = "law"  #: what the draft samples from: "law", "argmax", "bf16"
     eos_in_block: bool = True  #: False: an EOS among the accepted drafts does not end the row
-    case: Case = CASE  #: the case it is measured and caught on (the standard one but for bf16-draft)
+    target_nan: bool = False  #: the verifier's target laws are all NaN (vLLM #27077's division by 0)
+    case: Case = CASE  #: the case it is measured and caught on (the standard one but for bf16-draft, #27077)
+    #: a fault our own guard refuses: the ValueError (regex) a run raises with ``plant`` alone, and
+    #: ``unguarded``, the plant with that guard removed too (what the audit and the law test must catch)
+    raises: str | None = None
+    unguarded: Callable[[Any], contextlib.AbstractContextManager] | None = None
+
+    @property
+    def caught(self) -> Callable[[Any], contextlib.AbstractContextManager]:
+        """The plant the audit and the law test are shown to catch (without our guard, if it has one)."""
+        return self.unguarded or self.plant
 
 
 def _wrap(monkeypatch: Any, obj: Any, name: str, make: Callable[[Callable], Callable]) -> None:
@@ -273,6 +326,87 @@ def _eos_patch() -> tuple[Any, str, Callable]:
     return (process.TextProcess, "commit", make)
 
 
+def _ranks_patch() -> tuple[Any, str, Callable]:
+    """vLLM #17498: the round verified twice, as two unsynchronised ranks would, each drawing its own
+    uniforms from the round's generator; the count accepted from the first, the token after them from
+    the second (our kernels, unchanged, run both verifications)."""
+    from speculate.verify import one_round
+
+    def make(real: Callable) -> Callable:
+        def faulty(target, proposal, rule, m, k, R, lengths, rng):
+            n_a, _, branch, used = real(target, proposal, rule, m, k, R, lengths, rng)  # rank A
+            _, nxt_b, _, _ = real(target, proposal, rule, m, k, R, lengths, rng)  # rank B: its own uniforms
+            return n_a, nxt_b, branch, used
+        return faulty
+
+    return (one_round, "_categorical", make)
+
+
+OLD_GREEDY_MARKER = -1.0  #: vLLM's greedy temperature before the change that #27077 completed (then 0.0)
+
+
+class _MarkerTransforms:
+    """The target's transforms with vLLM #27077's temperature handling: the scores are divided by the
+    row's temperature after swapping the greedy MARKER for 1, but the swap still looks for the old
+    marker (-1) while greedy rows now carry 0: logits / 0 is +-inf (0 / 0 NaN), its softmax NaN."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def probs(self, logits, tokens, rows, drafts, first=0, dtype=torch.float32):
+        t = float(self._real.cfg.temperature)
+        x = self._real.scores(logits, tokens, rows, drafts, first, dtype)
+        if t == OLD_GREEDY_MARKER:  # the swap, looking for the old marker: never true now
+            t = 1.0
+        if self._real.cfg.greedy:
+            return torch.softmax(x / t, dim=-1)  # greedy rows: logits / 0
+        return self._real.probs(logits, tokens, rows, drafts, first, dtype)
+
+
+def _marker_patch() -> tuple[Any, str, Callable]:
+    """vLLM #27077 on the target's side of our path (TextProcess.score's law; the draft is untouched)."""
+    from speculate.domains.text import process
+
+    def make(real: Callable) -> Callable:
+        def score(self, rows, proposal):
+            keep = self.cfg
+            self.cfg = _MarkerTransforms(keep)
+            try:
+                return real(self, rows, proposal)
+            finally:
+                self.cfg = keep
+        return score
+
+    return (process.TextProcess, "score", make)
+
+
+def _unguarded_greedy_patch() -> tuple[Any, str, Callable]:
+    """Our guard removed: the greedy verification replaced by a NumPy argmax that reads NaN rows
+    without refusing them (our kernel, speculate/verify/greedy.py, reports NOT_FINITE and the round
+    raises); ``np.argmax`` of an all-NaN row is 0, as ``torch.argmax`` on a GPU has it."""
+    from speculate.verify import one_round
+
+    def make(real: Callable) -> Callable:
+        def faulty(target, proposal, rule, m, k, R, lengths, rng):
+            if rule != "greedy":
+                return real(target, proposal, rule, m, k, R, lengths, rng)
+            _, outcomes = one_round.round_outcomes(target, proposal, rule, m, k, R)
+            top = np.argmax(np.asarray(target.probs), axis=-1)  # [R, k + 1]: a NaN is the maximum
+            n, nxt = np.zeros(R, np.int64), np.zeros(R, np.int64)
+            for r in range(R):
+                L = int(lengths[r])
+                miss = np.flatnonzero(np.asarray(outcomes[r, :L]) != top[r, :L])
+                n[r] = int(miss[0]) if miss.size else L
+                nxt[r] = top[r, n[r]]
+            return n, nxt, np.zeros(R, np.int64), rule
+        return faulty
+
+    return (one_round, "_categorical", make)
+
+
 def _no_top_p_temperature() -> SamplingConfig:
     return SamplingConfig(temperature=1.0, top_k=CASE.top_k, min_p=CASE.min_p)
 
@@ -311,6 +445,21 @@ FAULTS: list[Fault] = [
           "our own kernels would refuse it, so the plant verifies with a NumPy token rule that does not)", "token",
           0.0616, lambda mp: _planted(mp, [*_draft_patches("law", "bf16"), _rule_patch(token_rule)]), sample_q="bf16",
           case=replace(CASE, draft_offset=20.0)),
+    Fault("ranks-disagree", "vLLM #17498 / PR #17929",
+          "with tensor parallelism and no seed, each rank ran the rejection sampler with its own random state "
+          "and ranks accepted different tokens; one process's analogue: the round verified twice with "
+          "independent uniforms, the count accepted taken from one verification and the token after them "
+          "from the other (at temperature 1: at the standard 0.8 its TV is 0.0410, below the audit's default 0.05)",
+          "token", 0.0726, lambda mp: _planted(mp, [_ranks_patch()]), rule=split_rule,
+          case=replace(CASE, temperature=1.0)),
+    Fault("nan-greedy-temperature", "vLLM #27077",
+          "the greedy temperature marker changed from -1 to 0 but the rejection sampler still swapped only -1 "
+          "for 1 before dividing: greedy rows' logits / 0, NaN probabilities, empty outputs and negative "
+          "acceptance counts; here the target's law at temperature 0 is softmax(logits / 0). Our greedy "
+          "verifier refuses the NaN rows (ValueError); with that guard removed too, argmax of a NaN row "
+          "emits token 0 at every position", "token", 1.0, lambda mp: _planted(mp, [_marker_patch()]),
+          rule=greedy_rule, target_nan=True, case=replace(CASE, temperature=0.0),
+          raises=r"NaN", unguarded=lambda mp: _planted(mp, [_marker_patch(), _unguarded_greedy_patch()])),
 ]
 BY_NAME = {f.name: f for f in FAULTS}
 
@@ -342,6 +491,8 @@ def exact_law(target: Any, draft: Any, fault: Fault | None, case: Case = CASE, v
 
     @functools.cache
     def p(prefix: tuple[int, ...]) -> np.ndarray:
+        if f.target_nan:  # softmax(logits / 0): every entry NaN
+            return np.full(case.vocab, np.nan)
         return law(logits("t", prefix), p_cfg)
 
     @functools.cache

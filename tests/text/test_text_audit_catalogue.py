@@ -11,6 +11,9 @@ the audit at its default power and by the project's own law test; without a plan
   project's law tests draw to catch a TV of 0.02 with probability 0.99 (``FAST_TV`` in
   test_text_exactness.py): it must raise for every fault. The unfaulted generator must pass both
   (two checks at 1e-3 and 1e-6 per rule: false alarms below 3e-3 for this file).
+- A fault our own guard refuses (vLLM #27077's NaN): with the plant alone the generator raises and
+  the audit's verdict is "error"; the audit and the law test are shown to catch the plant with the
+  guard removed too (``Fault.caught``).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def _law_test(case, verify):
     """The project's law test: n rows for TV 0.02 at ALPHA with power 0.99, one chi-square check."""
     gen, target = _generator(case, verify)
     law = oracle(target, case)
-    n = chi2_sample_size(FAST_TV, len(law), alpha=ALPHA, power=POWER)
+    # a point mass (greedy): no chi-square; any row off it is an outcome of probability 0 (1000 rows)
+    n = chi2_sample_size(FAST_TV, len(law), alpha=ALPHA, power=POWER) if len(law) > 1 else 1000
     rows = []
     for i in range(0, n, 20_000):
         out = gen.generate([list(case.prompt)] * min(20_000, n - i), max_new_tokens=case.tokens, rng=100 + i,
@@ -79,14 +83,14 @@ def test_without_a_fault_both_checks_pass(verify):
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
 def test_the_audit_catches_every_fault(fault, monkeypatch):
-    with fault.plant(monkeypatch):
+    with fault.caught(monkeypatch):
         r = _audit(fault.case, fault.verify)
     assert r.biased, str(r)
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
 def test_the_law_test_catches_every_fault(fault, monkeypatch):
-    with fault.plant(monkeypatch), pytest.raises(AssertionError, match=r"do not follow|probability 0|does not list"):
+    with fault.caught(monkeypatch), pytest.raises(AssertionError, match=r"do not follow|probability 0|does not list"):
         _law_test(fault.case, fault.verify)
 
 
@@ -104,3 +108,59 @@ def test_the_audit_reports_where_the_residual_fault_shows(monkeypatch):
         r = _audit(f.case, f.verify)
     assert r.biased and (r.tv_hat > 0.3 or r.impossible is not None or r.sequential["stopped_at"])
     assert np.isfinite(r.tv_exact_mean)
+
+
+def test_ranks_disagree_on_the_standard_case():
+    """vLLM #17498's analogue is measured at temperature 1 (TV 0.073); at the standard case's 0.8 its
+    exact TV is 0.041, under the audit's default 0.05: the default audit's power against THIS deviation
+    (noncentral chi-square on its pooled cells, at the planned n) is 0.94, and the seeded audit catches it."""
+    from dataclasses import replace
+
+    from scipy import stats as st
+
+    from speculate.testing.audit import SEQ_SHARE, planned_sample_size
+    from speculate.testing.gof import _merge
+
+    f = replace(BY_NAME["ranks-disagree"], case=CASE)
+    target, draft = case_models(CASE)
+    law, got = oracle(target), exact_law(target, draft, f)
+    assert abs(tv(got, law) - 0.0410) < 1e-4
+    outs = [o for o in law if law[o] > 0]
+    p = np.array([law[o] for o in outs])
+    g = np.array([got.get(o, 0.0) for o in outs])
+    a = 1e-3 * (1 - SEQ_SHARE)
+    n, _ = planned_sample_size(p, 0.05, alpha=a, power=0.99)
+    b = _merge(p * n, 5.0)
+    k = int(b.max()) + 1
+    pb, gb = np.bincount(b, p, k), np.bincount(b, g, k)
+    power = st.ncx2.sf(st.chi2.isf(a, k - 1), k - 1, n * np.sum((gb - pb) ** 2 / pb))
+    assert 0.93 < power < 0.95
+    mp = pytest.MonkeyPatch()
+    with f.plant(mp):
+        assert _audit(CASE, "token").biased
+
+
+def test_nan_from_the_temperature_marker_is_refused_not_sampled(monkeypatch):
+    """vLLM #27077 planted with our guard intact: generate raises a ValueError naming the NaN (nothing
+    silently wrong); the audit reports the sampler's error as its verdict ("error", failed, the
+    ValueError named), and the law test raises the same ValueError."""
+    f = BY_NAME["nan-greedy-temperature"]
+    with f.plant(monkeypatch):
+        gen, _ = _generator(f.case, f.verify)
+        with pytest.raises(ValueError, match=f.raises):
+            gen.generate([list(f.case.prompt)] * 4, max_new_tokens=f.case.tokens, rng=0, **f.case.settings())
+        r = _audit(f.case, f.verify)
+        assert r.verdict == "error" and r.failed and not r.biased, str(r)
+        assert r.error.startswith("ValueError") and "NaN" in r.error and "probe" in r.reason
+        assert "ERROR" in str(r)
+        with pytest.raises(ValueError, match=f.raises):
+            _law_test(f.case, f.verify)
+
+
+def test_nan_passed_on_is_an_impossible_outcome(monkeypatch):
+    """... and with the guard removed too (argmax of NaN rows: token 0), the first sampled sequence
+    is one the law excludes: rejected at once, named."""
+    f = BY_NAME["nan-greedy-temperature"]
+    with f.unguarded(monkeypatch):
+        r = _audit(f.case, f.verify)
+    assert r.biased and r.impossible == (0,) * f.case.tokens and r.pvalue == 0.0
