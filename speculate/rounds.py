@@ -16,10 +16,12 @@ per round, a Beta(1, 1) prior); the next round uses the k in 0..max_lookahead (0
 through the same loop) with the most expected outcomes per measured second: the draft's time per
 step, the target call's time at each width (measured, at the batch's current size) and the loop's
 own time per round. With a fixed ``cost_ratio`` it maximises speculate.theory.speedup(alpha, k, c)
-instead (0 when no k pays). While the rule says 0, every 8th round probes the best positive k. The
-choice depends only on past rounds, so every round stays exact (proofs/06). With measured timings k
-depends on the machine's speed, so a seeded run is exact but not bit-reproducible; pass
-``cost_ratio=`` to make "auto" depend on the seed alone.
+instead (0 when no k pays; from the first round, at the prior's alpha 1/2). While the rule says 0,
+every 8th round probes the best positive k (not with a fixed ``cost_ratio >= 1``: then no k can pay,
+and a run at k = 0 throughout is the plain chain, draw for draw). The choice depends only on past
+rounds, so every round stays exact (proofs/06). With measured timings k depends on the machine's
+speed, so a seeded run is exact but not bit-reproducible; pass ``cost_ratio=`` to make "auto" depend
+on the seed alone.
 
 A Process in full: rows of i.i.d. flips of a biased coin (the state never changes, so commit
 only takes the outcomes), the target ``P`` scored for k+1 states in one call:
@@ -133,6 +135,8 @@ class Lookahead:
         self.acc = self.rej = 0.0
         if cost_ratio is not None and not (0.0 <= cost_ratio < float("inf")):
             raise ValueError(f"cost_ratio must be finite and >= 0, got {cost_ratio}")
+        if self.auto and cost_ratio is not None:  # the textbook rule from the start, at the prior's alpha
+            self.k = theory.optimal_lookahead(0.5, float(cost_ratio), self.max)
         self.fixed_c = cost_ratio
         self.c: float | None = cost_ratio  # draft step / target call (reported by Stats)
         self.rounds = 0
@@ -165,6 +169,9 @@ class Lookahead:
         self.rounds += 1
         if self.fixed_c is not None:
             best = theory.optimal_lookahead(alpha, self.fixed_c, self.max)
+            if self.fixed_c >= 1.0:  # a draft step costs a target call: no k pays, even at alpha = 1
+                self.k = best
+                return
             self.k = self._probed(best, lambda: max(1, theory.optimal_lookahead(alpha, 0.0, self.max)))
             return
         skip, self.skip = self.skip, False

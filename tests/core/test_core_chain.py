@@ -624,3 +624,13 @@ def test_auto_lookahead_can_choose_plain_decoding():
     counts = res.stats.lookahead_counts
     assert counts[0] > 0.8 * res.stats.rounds and sum(v for k, v in counts.items() if k > 0) > 0
     assert_categorical_matches(res.samples, p, alpha=ALPHA)
+
+
+def test_auto_at_k0_throughout_is_lookahead_0_draw_for_draw():
+    """A fixed cost_ratio >= 1 (a draft step costs a target call): no k can pay, auto drafts nothing in
+    any round, and the run is the lookahead=0 run with the same seed, outcome for outcome."""
+    starts = [(c, 0, V, V) for c in range(3)] * 4
+    auto = sp.chains(target, draft, segment_step, starts, 60, lookahead="auto", cost_ratio=1.5, rng=8)
+    plain = sp.chains(target, draft, segment_step, starts, 60, lookahead=0, rng=8)
+    assert set(auto.stats.lookahead_counts) == {0}
+    assert auto.samples == plain.samples

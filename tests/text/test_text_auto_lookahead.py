@@ -63,3 +63,13 @@ def test_auto_lookahead_at_batch_1_keeps_the_law(make_llama, cost_ratio, tv, mon
 
     monkeypatch.setattr(sp.rounds, "verify_round", redo)
     assert chi2_gof(_sample(gen, n, seed=5), law).pvalue < ALPHA  # the planted fault is caught
+
+
+def test_auto_at_k0_throughout_is_lookahead_0_token_for_token(make_llama):
+    target = make_llama(eos=None)
+    draft = make_llama(layers=1, hidden=16, heads=2, kv_heads=1, rng=7)
+    kw = dict(max_new_tokens=20, temperature=1.0, eos_token_id=[], rng=4)
+    auto = SpeculativeGenerator(target, draft, lookahead="auto", cost_ratio=2.0).generate([PROMPT, [2, 7]], **kw)
+    plain = SpeculativeGenerator(target, draft, lookahead=0).generate([PROMPT, [2, 7]], **kw)
+    assert set(auto.stats.lookahead_counts) == {0}
+    assert auto.new_tokens == plain.new_tokens
