@@ -29,6 +29,7 @@ from speculate.domains.text.drafts.medusa import MedusaDraft
 from speculate.domains.text.drafts.model import EarlyExitDraft, ModelDraft
 from speculate.domains.text.drafts.ngram import NgramDraft
 from speculate.domains.text.drafts.seq2seq import Seq2SeqDraft
+from speculate.domains.text.drafts.suffix import SuffixDraft
 from speculate.domains.text.models import encoder_decoder, kv_cache, lean_llama, lean_seq2seq, transformers_cache
 from speculate.domains.text.models.probe import probe
 from speculate.domains.text.models.runtime import ModelRuntime
@@ -85,6 +86,7 @@ def _specs():
     bart = tiny_bart()
     return {
         NgramDraft: ("ngram:2", target),
+        SuffixDraft: ("suffix", target),
         EarlyExitDraft: ("early-exit:1", target),
         ModelDraft: (perturbed(target), target),
         MedusaDraft: (MedusaHeads.for_target(target, n_heads=3).double().eval(), target),
@@ -102,7 +104,7 @@ def test_the_factory_makes_every_kind():
         assert type(make_draft(spec, target)) is kind
 
 
-@pytest.mark.parametrize("kind", [NgramDraft, EarlyExitDraft, ModelDraft, MedusaDraft, EagleDraft])
+@pytest.mark.parametrize("kind", [NgramDraft, SuffixDraft, EarlyExitDraft, ModelDraft, MedusaDraft, EagleDraft])
 def test_every_decoder_only_kind_decodes_greedily_like_its_target(kind):
     spec, target = _specs()[kind]
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -19,12 +19,13 @@ from .medusa import MedusaDraft
 from .model import EarlyExitDraft, ModelDraft
 from .ngram import NgramDraft
 from .seq2seq import Seq2SeqDraft
+from .suffix import SuffixDraft
 
 __all__ = ["KINDS", "make_draft", "register_draft"]
 
 #: every kind of draft, asked in this order: drafts on the target (trained heads), an encoder-decoder
 #: target's drafts (they take the same strings as the decoder-only ones), then the decoder-only kinds
-KINDS: list[type[Draft]] = [MedusaDraft, EagleDraft, Seq2SeqDraft, NgramDraft, EarlyExitDraft, ModelDraft]
+KINDS: list[type[Draft]] = [MedusaDraft, EagleDraft, Seq2SeqDraft, SuffixDraft, NgramDraft, EarlyExitDraft, ModelDraft]
 
 
 def register_draft(kind: type[Draft]) -> type[Draft]:
@@ -39,8 +40,8 @@ def register_draft(kind: type[Draft]) -> type[Draft]:
 
 def make_draft(draft: Any, target: Any, *, tree: Any = None, tokenizer: Any = None,
                draft_tokenizer: Any = None) -> Draft:
-    """The draft for ``draft=`` (a causal LM, ``"ngram"``, ``"ngram:N"``, ``"early-exit:N"``,
-    ``MedusaHeads``, a ``FeatureDraft``, or a kind registered with :func:`register_draft`) and
+    """The draft for ``draft=`` (a causal LM, ``"ngram"``, ``"ngram:N"``, ``"suffix"``, ``"suffix:N"``,
+    ``"early-exit:N"``, ``MedusaHeads``, a ``FeatureDraft``, or a kind registered with :func:`register_draft`) and
     ``target``; for an encoder-decoder ``target``, their encoder-decoder counterparts."""
     if isinstance(draft, Draft):  # a draft object built by the caller
         return draft
@@ -51,5 +52,5 @@ def make_draft(draft: Any, target: Any, *, tree: Any = None, tokenizer: Any = No
             return made
     if isinstance(draft, str):
         raise ValueError(
-            f"unknown draft {draft!r}: pass a causal LM, 'ngram', 'ngram:N' or 'early-exit:N'")
+            f"unknown draft {draft!r}: pass a causal LM, 'ngram', 'ngram:N', 'suffix', 'suffix:N' or 'early-exit:N'")
     raise TypeError(f"draft must be a transformers causal LM or a string, got {type(draft).__name__}")
