@@ -2,11 +2,14 @@
 
     python benchmarks/audit/audit_transformers.py                      # every variant, 60 s each at most
     python benchmarks/audit/audit_transformers.py --budget 20 --only plain,assisted
+    python benchmarks/audit/audit_transformers.py --only Kirchenbauer --budget 400 --merge   # rerun one variant
 
 Writes ``benchmarks/results/audit_transformers.md`` and ``.json`` (the exact command, the transformers
 version, and per variant: the call, the test, n, the TV estimate with its interval next to an exact
 sampler's at that n, p, the verdict, and for every bias the code path responsible in the installed
-transformers and a minimal reproduction). Re-run it on each new transformers release.
+transformers and a minimal reproduction). Re-run it on each new transformers release. ``--merge``
+keeps the other variants' rows of the existing files: the variants run now (``--only``) replace
+theirs, and the report names each rerun's command.
 
 The models are tiny random Llamas (vocabulary 10: a 2-layer target, a 1-layer assistant, no
 download); each variant samples ``--tokens`` new tokens of one prompt (one row per ``generate``
@@ -149,6 +152,29 @@ def _call(kw: dict[str, Any], reference: str | None, tokens: int) -> str:
     return f"audit_generate(target, PROMPT, tokens={tokens}, {args}{ref})"
 
 
+def _merged(new: list[dict], cmd: str, args: dict[str, Any], order: list[str]
+            ) -> tuple[list[dict], dict[str, Any], str, list[dict], dict[str, Any]]:
+    """The existing results' rows with ``new`` in place of the same variants (in the variants' order):
+    (rows, the base run's args and command, the reruns so far with this one, the base run's machine)."""
+    from report import RESULTS
+
+    old = json.loads((RESULTS / "audit_transformers.json").read_text())
+    budget = old["args"].get("budget")
+    base_cmd = old.get("command") or ("python benchmarks/audit/audit_transformers.py"
+                                      + (f" --budget {budget:g}" if budget is not None else ""))
+    for r in old["rows"]:
+        r.setdefault("budget", old["args"].get("budget"))
+        r.setdefault("command", base_cmd)
+    fresh = {r["variant"]: r for r in new}
+    rows = [fresh.get(r["variant"], r) for r in old["rows"]]
+    rows += [r for r in new if r["variant"] not in {x["variant"] for x in old["rows"]}]
+    rank = {n: i for i, n in enumerate(order)}
+    rows.sort(key=lambda r: rank.get(r["variant"], len(rank)))
+    reruns = [*old.get("reruns", []), {"command": cmd, "args": args, "variants": [r["variant"] for r in new],
+                                       "machine": machine()}]
+    return rows, old["args"], base_cmd, reruns, old["machine"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", type=float, default=60.0, help="seconds of sampling per variant (default 60)")
@@ -158,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", default=None, help="comma-separated variant names (substrings)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other variants' rows of the existing results (a partial rerun with --only)")
     args = p.parse_args(argv)
+    cmd = command(argv, __file__)
 
     import torch
     import transformers
@@ -181,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         kw = dict(kw)
         tokens = kw.pop(TOKENS, args.tokens)
         row: dict[str, Any] = {"variant": name, "call": _call(kw, ref, tokens), "tokens": tokens,
-                               "mode": "two-sample vs plain generate" if ref else "exact law"}
+                               "mode": "two-sample vs plain generate" if ref else "exact law",
+                               "budget": args.budget, "command": cmd}
         try:
             r = audit_generate(target, prompt, tokens, reference=ref, tv=args.tv, alpha=args.alpha,
                                power=args.power, budget=args.budget, seed=args.seed, progress=False, **kw)
@@ -199,10 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:52s} {row['verdict']:12s} {row.get('tv_hat', float('nan')):.3f} "
               f"p={row.get('pvalue', float('nan')):.2g} n={row.get('n', 0)} ({row['seconds']:.0f} s)", flush=True)
 
+    base, reruns, where = vars(args), [], machine()
+    if args.merge:
+        rows, base, cmd, reruns, where = _merged(rows, cmd, vars(args), [n for n, _, _ in variants(target, draft, eos)])
     biased = [r for r in rows if r["verdict"] == "biased"]
     exact = [r["variant"] for r in rows if r["verdict"] == "consistent"]
+    args = argparse.Namespace(**base)
     md = [f"# Audit of transformers {transformers.__version__} assisted generation", "",
-          f"Command: `{command(argv, __file__)}`  ",
+          f"Command: `{cmd}`  ", *(f"Rerun: `{x['command']}` ({', '.join(x['variants'])})  " for x in reruns),
           f"transformers {transformers.__version__}, torch {torch.__version__}; "
           f"tiny random Llamas (vocabulary {len(WORDS)}, target 2 layers, assistant 1), prompt {prompt}, "
           f"the joint law of {args.tokens} new tokens (3 where the variant says so); "
@@ -233,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                    "", f"      {r['call']}", ""]
     md += ["", "Inconclusive: the budget ran out before the planned n (the row says what n was reached); "
            "a longer --budget settles it."]
-    write("audit_transformers", {"args": vars(args), "transformers": transformers.__version__, "rows": rows,
-                                 "machine": machine()}, "\n".join(md) + "\n")
+    write("audit_transformers", {"args": base, "command": cmd, "reruns": reruns,
+                                 "transformers": transformers.__version__, "rows": rows, "machine": where},
+          "\n".join(md) + "\n")
     print(json.dumps({"consistent": exact, "biased": [r["variant"] for r in biased]}))
     return 0
 

@@ -110,7 +110,7 @@ def test_the_audit_reports_where_the_residual_fault_shows(monkeypatch):
     assert np.isfinite(r.tv_exact_mean)
 
 
-def test_ranks_disagree_on_the_standard_case():
+def test_ranks_disagree_on_the_standard_case(monkeypatch):
     """vLLM #17498's analogue is measured at temperature 1 (TV 0.073); at the standard case's 0.8 its
     exact TV is 0.041, under the audit's default 0.05: the default audit's power against THIS deviation
     (noncentral chi-square on its pooled cells, at the planned n) is 0.94, and the seeded audit catches it."""
@@ -135,8 +135,7 @@ def test_ranks_disagree_on_the_standard_case():
     pb, gb = np.bincount(b, p, k), np.bincount(b, g, k)
     power = st.ncx2.sf(st.chi2.isf(a, k - 1), k - 1, n * np.sum((gb - pb) ** 2 / pb))
     assert 0.93 < power < 0.95
-    mp = pytest.MonkeyPatch()
-    with f.plant(mp):
+    with f.plant(monkeypatch):
         assert _audit(CASE, "token").biased
 
 
