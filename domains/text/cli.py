@@ -6,9 +6,9 @@
     speculate generate --prompt "def a(" --prompt "class B" --num-return-sequences 2 --stop "\n\n"
 
 ``--target PATH`` (a transformers causal LM folder; default: the embedded pair) and ``--draft``
-(a model folder, ``ngram``, ``ngram:N`` or ``early-exit:N``; default: the embedded draft with the
-embedded target, ``ngram`` otherwise). The prompt comes from ``--prompt`` (repeat it for several
-prompts, decoded as one batch) or standard input. Each prompt and its text go to standard output
+(a model folder, ``ngram``, ``ngram:N``, ``suffix``, ``suffix:N`` or ``early-exit:N``; default: the
+embedded draft with the embedded target, ``ngram`` otherwise). The prompt comes from ``--prompt``
+(repeat it for several prompts, decoded as one batch) or standard input. Each prompt and its text go to standard output
 (the prompt, then the new text; several texts are separated by a line of ``---``); the statistics
 line (tokens/s, alpha, tokens per target call) goes to standard error, so the output is the text
 alone. ``--stream`` prints the same text as it is accepted (one prompt and sequence; on a terminal,
@@ -43,9 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="speculate generate",
                                 description="Exact speculative text generation (default: the embedded pair).")
     p.add_argument("--target", metavar="PATH", help="target model folder (default: the embedded pair)")
-    p.add_argument("--draft", metavar="PATH|ngram|early-exit:N",
-                   help="draft model folder, 'ngram', 'ngram:N' or 'early-exit:N' "
-                        "(default: the embedded draft, or 'ngram' with --target)")
+    p.add_argument("--draft", metavar="PATH|ngram|suffix|early-exit:N",
+                   help="draft model folder, 'ngram', 'ngram:N', 'suffix', 'suffix:N' (token trees from earlier "
+                        "continuations) or 'early-exit:N' (default: the embedded draft, or 'ngram' with --target)")
     p.add_argument("--prompt", action="append", help="the prompt (repeat for several; default: standard input)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens at most (default 128)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
@@ -101,7 +101,7 @@ def _load(args: argparse.Namespace, device: str) -> tuple[Any, Any, Any]:
 
 
 def _draft(spec: str, device: str, dtype: Any = None) -> Any:
-    if not os.path.isdir(spec):  # 'ngram', 'early-exit:N' (anything else: the generator's error)
+    if not os.path.isdir(spec):  # 'ngram', 'suffix', 'early-exit:N' (anything else: the generator's error)
         return spec
     from transformers import AutoModelForCausalLM
 

@@ -3,10 +3,11 @@
 ``base.py``: :class:`Draft` (the hooks, with their defaults), :class:`Drafted` / :class:`DraftedTree`
 (what a round proposes). ``factory.py``: :func:`make_draft` and :func:`register_draft` (the kinds, in
 the order they are asked). The kinds: ``model.py`` (a draft LM; early exit), ``ngram.py`` (prompt
-lookup; over the source too for encoder-decoders), ``seq2seq.py`` (an encoder-decoder target's
-draft models), ``medusa.py`` and ``eagle.py`` (drafts on the target: Medusa heads, the EAGLE-style
-feature draft; what they share in ``on_target.py``) and ``trees.py`` (token-tree shapes, grown level
-by level).
+lookup; over the source too for encoder-decoders), ``suffix.py`` (token trees from the continuations
+of the longest earlier match, in the row and in a shared store of earlier outputs), ``seq2seq.py``
+(an encoder-decoder target's draft models), ``medusa.py`` and ``eagle.py`` (drafts on the target:
+Medusa heads, the EAGLE-style feature draft; what they share in ``on_target.py``) and ``trees.py``
+(token-tree shapes, grown level by level).
 
 >>> from speculate.domains.text.conformance import tiny_llama
 >>> draft = make_draft("ngram:2", tiny_llama(vocab=12))

@@ -188,6 +188,6 @@ def refuse_tree(draft: Any, options: DraftOptions) -> None:
     """``ValueError`` when ``tree=`` was given with a draft that drafts chains only."""
     if options.tree is not None:
         raise ValueError(
-            f"tree= needs a draft that proposes token trees: MedusaHeads or a FeatureDraft trained on "
-            f"this target (domains.text.training.heads / feature_draft), got {type(draft).__name__}; draft "
+            f"tree= needs a draft that proposes token trees: 'suffix', MedusaHeads or a FeatureDraft trained "
+            f"on this target (domains.text.training.heads / feature_draft), got {type(draft).__name__}; draft "
             "models, 'ngram' and 'early-exit:N' draft chains (tree=None)")
