@@ -20,7 +20,7 @@ reproduces ``continuation_law`` (checked by the tests), so the numbers are the f
 | eos-in-block-missed | transformers #47931 | an EOS accepted inside a block did not end the row | 0.280 |
 | block-as-token-rule | vllm-ascend #7807 / PR #7808 | the block path ran the token test and residual | 0.059 |
 | bf16-draft | DeepSpec #31 | drafts sampled from bfloat16 logits, accepted with the float32 law | 0.062 (offset 20) |
-| ranks-disagree | vLLM #17498 / PR #17929 | ranks verified with their own uniforms: count from one, token from another | 0.073 (T 1) |
+| ranks-disagree | vLLM #17498 / PR #17929 | own uniforms per rank: count from one, token from another | 0.073 (T 1) |
 | nan-greedy-temperature | vLLM #27077 | greedy marker 0 not swapped: target law softmax(logits / 0), NaN | 1.0 (T 0) |
 
 vLLM #17498 happened across processes (tensor-parallel ranks without a shared seed: each ran the
