@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import zlib
 
@@ -117,6 +118,15 @@ def test_output_law_is_the_targets(make_llama, case):
     assert st.accepted_per_position[2:].sum() > 1000 and st.rejections > 1000, st
     assert st.tree_node_accepted[4:].sum() > 1000, st.tree_node_accepted
     assert p > ALPHA, f"p = {p:.2e}: the suffix draft's trees bias the output"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", LAWS, ids=["T1-top3", "T0.8-top3-topp0.9-eos"])
+def test_output_law_is_the_targets_with_chains(make_llama, case):
+    """As above, for ``SuffixDraft(chain=True)``: one child per node, a chain verified by the block rule."""
+    p, st = _law_p(make_llama, case, kind=functools.partial(SuffixDraft, chain=True))
+    assert set(st.routes) == {"block"} and st.accepted > 1000
+    assert p > ALPHA, f"p = {p:.2e}: the suffix draft's chains bias the output"
 
 
 def test_a_wrong_node_law_is_caught(make_llama):
