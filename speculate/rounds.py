@@ -82,7 +82,13 @@ class Verdict(NamedTuple):
 
 
 class Process(Protocol):
-    """A batch of chains that the round loop advances (implemented by each domain)."""
+    """A batch of chains that the round loop advances (implemented by each domain).
+
+    Optional: ``plain(rows, n, rng) -> (outcomes [R, max n, *event], n_used [R], done [R] or None)``
+    advances each row by ``n[r]`` steps of the target alone (plain sampling) in one call. When
+    ``lookahead="auto"`` decides that no lookahead pays (k = 0), the loop runs such stretches (up to the
+    next probing round) instead of rounds without drafts, so that not speculating costs what plain
+    sampling costs (``speculate.domains.physics``'s process has one)."""
 
     def propose(
         self, rows: np.ndarray, k: int, branches: int, need: np.ndarray, rng: np.random.Generator
@@ -145,6 +151,7 @@ class Lookahead:
         self.rest: float | None = None  # the loop's other seconds per round
         self.zeros = 0  # rounds at k = 0 since the last drafting round
         self.skip = True  # the next round's times hold one-off costs (first calls, allocation): not kept
+        self.plain_step: float | None = None  # seconds per step of the process's own plain path (k = 0)
 
     def begin(self) -> Lookahead:
         """A new run continues with what this control learned (alpha, the costs); its first round's
@@ -200,6 +207,29 @@ class Lookahead:
             return int(positive())
         return 0
 
+    def plain_steps(self) -> int:
+        """Steps a process with a plain path (``Process.plain``) runs at once while the rule says 0: up to
+        the next probing round."""
+        return max(1, self.PROBE - self.zeros)
+
+    def update_plain(self, steps: int, seconds: float) -> None:
+        """``steps`` plain steps (k = 0, the process's own path) took ``seconds``; then as after as many
+        rounds at k = 0 (a probing round after PROBE of them)."""
+        if not self.auto:
+            return
+        self.rounds += 1
+        skip, self.skip = self.skip, False
+        if not skip and steps > 0 and seconds > 0:
+            self.plain_step = self._ema(self.plain_step, seconds / steps)
+        self.zeros += steps - 1
+        alpha = (self.acc + 1.0) / (self.acc + self.rej + 2.0)
+        if self.fixed_c is not None:
+            best = theory.optimal_lookahead(alpha, self.fixed_c, self.max)
+            self.k = best if self.fixed_c >= 1.0 else self._probed(
+                best, lambda: max(1, theory.optimal_lookahead(alpha, 0.0, self.max)))
+            return
+        self.k = self._probed(self._best(alpha)[0], lambda: max(1, self._best(alpha, positive=True)[0]))
+
     def _target_time(self, k: int) -> float:
         if k in self.call:
             return self.call[k]
@@ -216,6 +246,8 @@ class Lookahead:
         for k in range(1 if positive else 0, self.max + 1):
             e = theory.expected_tokens(alpha, k)
             t = k * step + self._target_time(k) + rest
+            if k == 0 and self.plain_step is not None:  # the process's own plain path: what k = 0 costs
+                t = min(t, self.plain_step)
             r = e / t if t > 0 else float(k + 1)
             if r > best_rate * (1 + 1e-9):  # ties: the smaller k
                 best, best_rate = k, r
@@ -353,7 +385,23 @@ def rounds(
     return _rounds(process, wanted, m, verify, rng, control, stats)
 
 
+def _after(rows: np.ndarray, left: list, used: list | None, done: Any) -> tuple[np.ndarray, list, np.ndarray, list]:
+    """After a round: (the rows that go on, their budgets, the round's rows, the rows that finished)."""
+    if used is not None:
+        left = [a - u for a, u in zip(left, used, strict=True)]
+    done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
+    keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
+    finished: list = []
+    event_rows = rows
+    if not all(keep):  # finished rows drop out; the others go on
+        finished = [r for r, kp in zip(rows.tolist(), keep, strict=True) if not kp]
+        idx = [i for i, kp in enumerate(keep) if kp]
+        rows, left = rows[idx], [left[i] for i in idx]
+    return rows, left, event_rows, finished
+
+
 def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
+    plain = getattr(process, "plain", None)  # optional: several plain steps in one call (k = 0)
     rows = np.flatnonzero(wanted > 0)
     left = wanted[rows].tolist()  # outcomes each active row still needs (Python ints: cheap for few rows)
     phase = "propose"  # where an exception came from, for the note added to it below
@@ -362,6 +410,23 @@ def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
             R = len(rows)
             k = min(control.k, max(left) - 1)  # never draft past what the neediest row can use
             need = np.array(left, np.int64)
+            if k == 0 and control.auto and plain is not None:  # the process's own plain path: several steps
+                phase = "plain"
+                steps = min(control.plain_steps(), max(left))
+                t0 = time.perf_counter()
+                outcomes, n_used, done = plain(rows, np.minimum(need, steps), rng)
+                dt = time.perf_counter() - t0
+                used = np.asarray(n_used, np.int64).tolist()
+                for _ in range(steps):
+                    stats.add_round(0, np.zeros(R, np.int64), None)
+                stats.row_rounds += sum(used) - steps * R  # a row that needed fewer steps took part in fewer
+                stats.emitted += sum(used)
+                stats.target_time += dt
+                control.update_plain(steps, dt)
+                rows, left, event_rows, finished = _after(rows, left, used, done)
+                phase = "the caller's handling of a round"
+                yield Round(event_rows, outcomes, used, finished, stats)
+                continue
             phase = "propose"
             t0 = time.perf_counter()
             proposal = process.propose(rows, k, m, need, rng)
@@ -408,14 +473,7 @@ def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
             stats.verify_time += t3 - t2
             stats.commit_time += t4 - t3
             control.update(n_acc, lengths, k, t1 - t0, t2 - t1, t4 - t2)
-            done_l = np.asarray(done, dtype=bool).tolist() if done is not None else None
-            keep = [a > 0 and not (done_l and done_l[i]) for i, a in enumerate(left)]
-            event_rows = rows
-            finished: list = []
-            if not all(keep):  # finished rows drop out; the others go on
-                finished = [r for r, kp in zip(rows.tolist(), keep, strict=True) if not kp]
-                idx = [i for i, kp in enumerate(keep) if kp]
-                rows, left = rows[idx], [left[i] for i in idx]
+            rows, left, event_rows, finished = _after(rows, left, None, done)
             phase = "the caller's handling of a round"
             yield Round(event_rows, verdict.outcomes, used, finished, stats)
     except GeneratorExit:  # the caller stopped early: nothing to report

@@ -122,6 +122,33 @@ class LangevinProcess:
         M = check_drafts(ctx, M, ok, proposal.dists.loc, self.scale, self.stats)
         return Normal(M, self.scale, batch_ndims=2, validate=False)
 
+    def plain(self, rows: np.ndarray, n: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, None]:
+        """``n[r]`` plain Euler-Maruyama steps of each row (the exact force, no drafts: ``simulate``'s step),
+        in one call of the loop: what ``lookahead="auto"`` runs while no lookahead pays (k = 0). Returns the
+        configurations ``[R, max n, N, d]``, the steps taken and None. The draft's memory is left as it was
+        (a stale reference drafts worse, never wrongly: its law is the one it reports)."""
+        n = np.asarray(n, np.int64)
+        X = self.X[rows].copy()  # [R, N, d]
+        steps = self.step[rows]
+        out = np.empty((len(rows), int(n.max()), *X.shape[1:]), X.dtype)
+        for j in range(int(n.max())):
+            act = np.flatnonzero(n > j)
+            F, finite = evaluate_force(self.model.force, X[act], who="force", steps=steps[act] + j)
+            self.stats.target_configurations += len(act)
+            if not finite.all():
+                b = int(np.argmin(finite))
+                raise nonfinite_error("force", F, b, int(steps[act[b]] + j), int(rows[act[b]]))
+            M, ok = transition_means(self.model, X[act], F)
+            if not ok.all():
+                b = int(np.argmin(ok))
+                raise overflow_error(M, b, int(steps[act[b]] + j), int(rows[act[b]]))
+            X[act] = M + self.scale * rng.standard_normal(M.shape)
+            out[act, j] = X[act]
+        self.recorder.record_block(rows, steps, out, n)
+        self.X[rows] = X
+        self.step[rows] += n
+        return out, n, None
+
     def commit(self, rows: np.ndarray, proposal: Proposal, verdict: Verdict) -> tuple[np.ndarray, None]:
         ctx: Round = proposal.context
         last = verdict.n_accepted  # [R] the last transition started from s_last

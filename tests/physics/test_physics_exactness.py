@@ -193,3 +193,17 @@ def test_mueller_brown_2d_steps_and_endpoints_are_exact():
     assert_continuous_matches(z, stats.norm, alpha=ALPHA / 2, label="Mueller-Brown steps")
     assert_same_continuous(spec.final.reshape(4000, -1), plain.final.reshape(4000, -1),
                            alpha=ALPHA / 2, label="Mueller-Brown endpoints")
+
+
+def test_auto_at_k0_runs_the_plain_chain_draw_for_draw():
+    """With a fixed cost_ratio >= 1 no lookahead can pay: auto runs every step through the process's
+    own plain path (LangevinProcess.plain, several steps per call of the loop), which is ``simulate``'s
+    Euler-Maruyama step: the same configurations, draw for draw, and the same recorded trajectory."""
+    from speculate.domains.physics import DoubleWell, Langevin, simulate, speculative_simulate
+
+    model = Langevin(force=DoubleWell(), draft_force="frozen", dt=1e-3)
+    x0 = np.zeros((3, 2, 1))
+    spec = speculative_simulate(model, x0, 50, lookahead="auto", cost_ratio=2.0, rng=7, record_every=5)
+    plain = simulate(model, x0, 50, rng=7, record_every=5)
+    assert np.array_equal(spec.positions, plain.positions)
+    assert set(spec.stats.lookahead_counts) == {0} and spec.stats.target_calls == 50
