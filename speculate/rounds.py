@@ -17,8 +17,9 @@ through the same loop) with the most expected outcomes per measured second: the 
 step, the target call's time at each width (measured, at the batch's current size) and the loop's
 own time per round. With a fixed ``cost_ratio`` it maximises speculate.theory.speedup(alpha, k, c)
 instead (0 when no k pays; from the first round, at the prior's alpha 1/2). While the rule says 0,
-every 8th round probes the best positive k (not with a fixed ``cost_ratio >= 1``: then no k can pay,
-and a run at k = 0 throughout is the plain chain, draw for draw). The choice depends only on past
+probing rounds draft the best positive k (after 8 rounds at 0, then 16, 32, ...; not with a fixed
+``cost_ratio >= 1``: then no k can pay, and a run at k = 0 throughout is the plain chain, draw for
+draw). The choice depends only on past
 rounds, so every round stays exact (proofs/06). With measured timings k depends on the machine's
 speed, so a seeded run is exact but not bit-reproducible; pass ``cost_ratio=`` to make "auto" depend
 on the seed alone.
@@ -119,12 +120,15 @@ class Lookahead:
     that drafted k, at the batch's current width (moving averages; a k not measured yet is interpolated
     linearly from those that were, so the cost of a wider block is measured, not assumed flat);
     ``rest``: the loop's other seconds per round (verification, commit). The first rounds measure: k = 4,
-    then k = 0 once, then the rule decides. While the rule says 0, a round every ``PROBE`` rounds drafts
-    the best positive k, so alpha and the costs stay current. With ``cost_ratio=`` the rule is the
+    then k = 0 once, then the rule decides. While the rule says 0, a round after every ``every`` rounds
+    drafts the best positive k, so alpha and the costs stay current (``every`` starts at 8 and doubles, up
+    to 512, after each probe that still says 0). A process with ``plain`` runs the rounds at 0 as
+    stretches of plain steps. With ``cost_ratio=`` the rule is the
     textbook one, from alpha and that ratio alone (0 when no k pays), and a seeded run is reproducible.
     """
 
-    PROBE = 8  #: rounds at k = 0 between two probing rounds
+    PROBE = 8  #: rounds at k = 0 before the first probing round (doubling after each probe that does not pay)
+    MAX_PROBE = 512
 
     def __init__(
         self, lookahead: int | str, max_lookahead: int, cost_ratio: float | None = None, decay: float = 0.9
@@ -150,6 +154,8 @@ class Lookahead:
         self.call: dict[int, float] = {}  # k -> seconds of the target call of a round with k drafts
         self.rest: float | None = None  # the loop's other seconds per round
         self.zeros = 0  # rounds at k = 0 since the last drafting round
+        self.every = self.PROBE  # rounds at k = 0 between two probes
+        self.probing = False  # the last choice was a probe
         self.skip = True  # the next round's times hold one-off costs (first calls, allocation): not kept
         self.plain_step: float | None = None  # seconds per step of the process's own plain path (k = 0)
 
@@ -196,21 +202,25 @@ class Lookahead:
         self.k = self._probed(self._best(alpha)[0], lambda: max(1, self._best(alpha, positive=True)[0]))
 
     def _probed(self, best: int, positive: Any) -> int:
-        """``best``, or every PROBE rounds at 0 the best positive k (``positive()``): alpha and the costs
-        of drafting stay current while the rule says not to draft."""
+        """``best``, or after ``every`` rounds at 0 the best positive k (``positive()``): alpha and the
+        costs of drafting stay current while the rule says not to draft. A probe after which the rule
+        still says 0 doubles ``every`` (up to MAX_PROBE): where speculation does not pay, probing fades."""
+        probed, self.probing = self.probing, False
         if best > 0:
-            self.zeros = 0
+            self.zeros, self.every = 0, self.PROBE
             return best
+        if probed:
+            self.every = min(2 * self.every, self.MAX_PROBE)
         self.zeros += 1
-        if self.zeros >= self.PROBE:
-            self.zeros = 0
+        if self.zeros >= self.every:
+            self.zeros, self.probing = 0, True
             return int(positive())
         return 0
 
     def plain_steps(self) -> int:
         """Steps a process with a plain path (``Process.plain``) runs at once while the rule says 0: up to
         the next probing round."""
-        return max(1, self.PROBE - self.zeros)
+        return max(1, self.every - self.zeros)
 
     def update_plain(self, steps: int, seconds: float) -> None:
         """``steps`` plain steps (k = 0, the process's own path) took ``seconds``; then as after as many
