@@ -243,8 +243,11 @@ class Lookahead:
     def _target_time(self, k: int) -> float:
         if k in self.call:
             return self.call[k]
-        ks = np.array(sorted(self.call), np.float64)
-        ts = np.array([self.call[int(x)] for x in ks])
+        known = dict(self.call)
+        if 0 not in known and self.plain_step is not None:  # a plain step bounds the call without drafts
+            known[0] = self.plain_step
+        ks = np.array(sorted(known), np.float64)
+        ts = np.array([known[int(x)] for x in ks])
         if len(ks) == 1:
             return float(ts[0])
         b, a = np.polyfit(ks, ts, 1)
@@ -427,9 +430,7 @@ def _rounds(process, wanted, m, verify, rng, control, stats) -> Iterator[Round]:
                 outcomes, n_used, done = plain(rows, np.minimum(need, steps), rng)
                 dt = time.perf_counter() - t0
                 used = np.asarray(n_used, np.int64).tolist()
-                for _ in range(steps):
-                    stats.add_round(0, np.zeros(R, np.int64), None)
-                stats.row_rounds += sum(used) - steps * R  # a row that needed fewer steps took part in fewer
+                stats.add_plain(steps, sum(used))
                 stats.emitted += sum(used)
                 stats.target_time += dt
                 control.update_plain(steps, dt)

@@ -117,6 +117,17 @@ class Stats:
             self.accepted_per_position[: k + 1] += np.bincount(n_accepted, minlength=k + 1)[: k + 1]
         self.lookahead_counts[k] = self.lookahead_counts.get(k, 0) + 1
 
+    def add_plain(self, steps: int, row_steps: int) -> None:
+        """Count ``steps`` rounds without drafts run as one plain stretch (``Process.plain``), ``row_steps``
+        outcomes over all rows: as ``steps`` calls of :meth:`add_round` with k = 0."""
+        self.rounds += steps
+        self.target_calls += steps
+        self.row_rounds += row_steps
+        if len(self.accepted_per_position) < 1:
+            self._grow(0)
+        self.accepted_per_position[0] += row_steps
+        self.lookahead_counts[0] = self.lookahead_counts.get(0, 0) + steps
+
     def add_tree_round(
         self, k: int, n_accepted: np.ndarray, path: np.ndarray, nodes: np.ndarray, rejected: np.ndarray
     ) -> None:

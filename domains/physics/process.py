@@ -131,19 +131,27 @@ class LangevinProcess:
         X = self.X[rows].copy()  # [R, N, d]
         steps = self.step[rows]
         out = np.empty((len(rows), int(n.max()), *X.shape[1:]), X.dtype)
+        R = len(rows)
         for j in range(int(n.max())):
             act = np.flatnonzero(n > j)
-            F, finite = evaluate_force(self.model.force, X[act], who="force", steps=steps[act] + j)
+            every = len(act) == R  # all rows: no gathers (the common case)
+            Xa = X if every else X[act]
+            F, finite = evaluate_force(self.model.force, Xa, who="force", steps=steps[act] + j)
             self.stats.target_configurations += len(act)
             if not finite.all():
                 b = int(np.argmin(finite))
                 raise nonfinite_error("force", F, b, int(steps[act[b]] + j), int(rows[act[b]]))
-            M, ok = transition_means(self.model, X[act], F)
+            M, ok = transition_means(self.model, Xa, F)
             if not ok.all():
                 b = int(np.argmin(ok))
                 raise overflow_error(M, b, int(steps[act[b]] + j), int(rows[act[b]]))
-            X[act] = M + self.scale * rng.standard_normal(M.shape)
-            out[act, j] = X[act]
+            new = M + self.scale * rng.standard_normal(M.shape)
+            if every:
+                X = new
+                out[:, j] = new
+            else:
+                X[act] = new
+                out[act, j] = new
         self.recorder.record_block(rows, steps, out, n)
         self.X[rows] = X
         self.step[rows] += n
