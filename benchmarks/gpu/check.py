@@ -104,7 +104,9 @@ def _rl_cmd(a: argparse.Namespace, d: Path) -> list[str] | str:
     if not (ROOT / "benchmarks" / "rl" / "cache").is_dir():
         return ("no trained CartPole policies in benchmarks/rl/cache (training them takes about 10 minutes): "
                 "train here with benchmarks/rl/train_cartpole.py and carry the folder")
-    return [PY, "benchmarks/rl/bench_rollouts.py", "--device", a.device, "--quick", "--envs", "1", "8"]
+    name = "rl_rollouts_dry" if a.dry_run else f"rl_rollouts_{a.device}"  # never the committed CPU results
+    return [PY, "benchmarks/rl/bench_rollouts.py", "--device", a.device, "--quick", "--envs", "1", "8",
+            "--out", str(d / name)]
 
 
 def _physics_cmd(a: argparse.Namespace, d: Path) -> list[str]:

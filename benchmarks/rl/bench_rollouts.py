@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2 episodes per configuration instead of 6")
     ap.add_argument("--envs", type=int, nargs="+", default=[1, 8], help="numbers of environments to run")
     ap.add_argument("--device", default="cpu", help="device of the expensive policy (the draft stays on the CPU)")
+    ap.add_argument("--out", default=None, help="results name (default rl_rollouts, rl_rollouts_<device> off the "
+                                                "CPU); a path writes there (benchmarks/gpu/check.py's steps)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     try:
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         train_cartpole.main([])
         big, draft = train_cartpole.load_pair()
     big = big.to(args.device)
-    stem = "rl_rollouts" if args.device == "cpu" else f"rl_rollouts_{torch.device(args.device).type}"
+    stem = args.out or ("rl_rollouts" if args.device == "cpu" else f"rl_rollouts_{torch.device(args.device).type}")
     env = machine(args.device)
     rec = {
         "device": args.device,
