@@ -117,8 +117,8 @@ class Lookahead:
         rate(k) = E_k(alpha) / (k * step + T(k) + rest),   E_k = (1 - alpha^(k+1)) / (1 - alpha), E_0 = 1
 
     ``step``: measured seconds per draft step; ``T(k)``: measured seconds of the target call of a round
-    that drafted k, at the batch's current width (moving averages; a k not measured yet is interpolated
-    linearly from those that were, so the cost of a wider block is measured, not assumed flat);
+    that drafted k, at the batch's current width (moving averages per k, smoothed by the least-squares
+    line through them, so the cost of a wider block is measured, not assumed flat);
     ``rest``: the loop's other seconds per round (verification, commit). The first rounds measure: k = 4,
     then k = 0 once, then the rule decides. While the rule says 0, a round after every ``every`` rounds
     drafts the best positive k, so alpha and the costs stay current (``every`` starts at 8 and doubles, up
@@ -241,8 +241,8 @@ class Lookahead:
         self.k = self._probed(self._best(alpha)[0], lambda: max(1, self._best(alpha, positive=True)[0]))
 
     def _target_time(self, k: int) -> float:
-        if k in self.call:
-            return self.call[k]
+        """The target call's time at width k: the least-squares line through every width measured (one
+        width: that time), so that one lucky or unlucky measurement does not steer the choice."""
         known = dict(self.call)
         if 0 not in known and self.plain_step is not None:  # a plain step bounds the call without drafts
             known[0] = self.plain_step
