@@ -100,7 +100,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as st
 
-from .gof import _merge
+from .gof import _merge, chi2_noncentrality
 
 __all__ = ["DEFAULT_AUDIT_ALPHA", "DEFAULT_POWER", "DEFAULT_TV", "SUM_TOL", "AuditReport", "SamplerFailed",
            "audit", "check_law", "detectable_tv", "planned_sample_size"]
@@ -350,19 +350,6 @@ class AuditReport:
 # ----------------------------------------------------------------------------------- planning
 
 
-def _lambda(df: int, alpha: float, power: float) -> float:
-    """The noncentrality at which a chi-square test on ``df`` degrees of freedom at level ``alpha``
-    has power ``power``."""
-    crit = st.chi2.isf(alpha, df)
-    lo, hi = 0.0, 1.0
-    while st.ncx2.sf(crit, df, hi) < power:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if st.ncx2.sf(crit, df, mid) < power else (lo, mid)
-    return hi
-
-
 def planned_sample_size(probs: Any, tv: float = DEFAULT_TV, *, alpha: float = DEFAULT_AUDIT_ALPHA,
                         power: float = DEFAULT_POWER, min_expected: float = 5.0, two_sample: bool = False
                         ) -> tuple[int, int]:
@@ -386,7 +373,7 @@ def planned_sample_size(probs: Any, tv: float = DEFAULT_TV, *, alpha: float = DE
         return max(1, math.ceil(math.log(1 - power) / math.log(1 - tv))) if tv < 1 else 1, 1
     bins, n = p.size, 0
     for _ in range(30):
-        n_new = math.ceil(_lambda(bins - 1, alpha, power) / (per * tv * tv)) if bins >= 2 else n
+        n_new = math.ceil(chi2_noncentrality(bins - 1, alpha, power) / (per * tv * tv)) if bins >= 2 else n
         b_new = int(_merge(p * n_new, min_expected).max()) + 1
         if n_new == n and b_new == bins:
             break
@@ -405,7 +392,7 @@ def detectable_tv(n: int, bins: int, *, alpha: float = DEFAULT_AUDIT_ALPHA, powe
         return 1.0
     if bins < 2:
         return 1.0 - (1.0 - power) ** (1.0 / n)
-    return min(1.0, math.sqrt(_lambda(bins - 1, alpha, power) / ((2.0 if two_sample else 4.0) * n)))
+    return min(1.0, math.sqrt(chi2_noncentrality(bins - 1, alpha, power) / ((2.0 if two_sample else 4.0) * n)))
 
 
 # ------------------------------------------------------------------------------ the statistics

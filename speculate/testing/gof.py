@@ -272,7 +272,12 @@ def chi2_sample_size(tv: float, bins: int, *, alpha: float = DEFAULT_ALPHA, powe
     """
     if not 0 < tv <= 1 or bins < 2:
         raise ValueError("need 0 < tv <= 1 and bins >= 2")
-    df = bins - 1
+    return math.ceil(chi2_noncentrality(bins - 1, alpha, power) / (4 * tv * tv))
+
+
+def chi2_noncentrality(df: int, alpha: float, power: float) -> float:
+    """The smallest noncentrality at which a chi-square test on ``df`` degrees of freedom at level
+    ``alpha`` has power ``power`` (bisection on scipy's noncentral chi-square)."""
     crit = st.chi2.isf(alpha, df)
     lo, hi = 0.0, 1.0
     while st.ncx2.sf(crit, df, hi) < power:
@@ -280,7 +285,7 @@ def chi2_sample_size(tv: float, bins: int, *, alpha: float = DEFAULT_ALPHA, powe
     for _ in range(100):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if st.ncx2.sf(crit, df, mid) < power else (lo, mid)
-    return math.ceil(hi / (4 * tv * tv))
+    return hi
 
 
 def ks_sample_size(d: float, *, alpha: float = DEFAULT_ALPHA, power: float = 0.99) -> int:
