@@ -472,18 +472,44 @@ def _extremes(outcomes: list, obs: np.ndarray, probs: np.ndarray, k: int = 5, re
     return over, under
 
 
-class _EProcess:
+class _Betting:
+    """What both e-processes share: the running log wealth, its maximum, the threshold (Ville: a
+    nonnegative martingale ever exceeds ``threshold`` with probability at most ``1 / threshold``) and
+    where it was crossed. A subclass turns observations into log factors and calls :meth:`_walk`."""
+
+    def __init__(self, threshold: float) -> None:
+        self.t = 0
+        self.log_e, self.max_log_e = 0.0, 0.0
+        self.threshold, self.log_threshold = threshold, math.log(threshold)
+        self.stopped_at: int | None = None
+
+    def _walk(self, steps: np.ndarray) -> tuple[int, bool]:
+        """Multiply in the factors ``exp(steps)`` in order up to the first crossing: (how many were
+        used, whether the threshold was crossed)."""
+        path = self.log_e + np.cumsum(steps)
+        hit = np.flatnonzero(path >= self.log_threshold)
+        used = int(hit[0]) + 1 if hit.size else steps.size
+        self.t += used
+        self.log_e = float(path[used - 1])
+        self.max_log_e = max(self.max_log_e, float(path[:used].max()))
+        if hit.size:
+            self.stopped_at = self.t
+        return used, bool(hit.size)
+
+    def summary(self) -> dict:
+        return {"e_value": math.exp(min(self.log_e, 700.0)), "max_e_value": math.exp(min(self.max_log_e, 700.0)),
+                "threshold": self.threshold, "stopped_at": self.stopped_at,
+                "pvalue": min(1.0, math.exp(-self.max_log_e))}
+
+
+class _EProcess(_Betting):
     """The likelihood-ratio e-process against the plug-in alternative (see the module docstring)."""
 
     def __init__(self, bin_probs: np.ndarray, threshold: float) -> None:
+        super().__init__(threshold)
         self.p = bin_probs
         self.counts = np.zeros(bin_probs.size, np.float64)
         self.k0 = float(max(bin_probs.size, 2))
-        self.t = 0
-        self.log_e, self.max_log_e = 0.0, 0.0
-        self.log_threshold = math.log(threshold)
-        self.threshold = threshold
-        self.stopped_at: int | None = None
 
     def update(self, b: np.ndarray) -> int | None:
         """Feed bin indices in order; the number of them consumed when the threshold is crossed, else None."""
@@ -498,41 +524,23 @@ class _EProcess:
         c = self.counts[b] + before
         t = self.t + np.arange(b.size)
         alt = (c + self.k0 * self.p[b]) / (t + self.k0)
-        steps = np.log(alt) - np.log(self.p[b])
-        path = self.log_e + np.cumsum(steps)
-        hit = np.flatnonzero(path >= self.log_threshold)
-        used = int(hit[0]) + 1 if hit.size else b.size
+        used, crossed = self._walk(np.log(alt) - np.log(self.p[b]))
         np.add.at(self.counts, b[:used], 1.0)
-        self.t += used
-        self.log_e = float(path[used - 1])
-        self.max_log_e = max(self.max_log_e, float(path[:used].max()))
-        if hit.size:
-            self.stopped_at = self.t
-            return used
-        return None
-
-    def summary(self) -> dict:
-        return {"e_value": math.exp(min(self.log_e, 700.0)), "max_e_value": math.exp(min(self.max_log_e, 700.0)),
-                "threshold": self.threshold, "stopped_at": self.stopped_at,
-                "pvalue": min(1.0, math.exp(-self.max_log_e))}
+        return used if crossed else None
 
 
-class _PairEProcess:
+class _PairEProcess(_Betting):
     """The two-sample e-process (see the module docstring): pairs (a, b), the sampler's and the
     reference's draws in drawing order, bet on which of the two unordered values came from which
     sampler. Under one law the labelling is a fair coin given the pair and the past, so each factor
     ``2 pi`` (``pi``: the plug-in probability of the observed labelling, from past pairs only) has
-    conditional mean 1 and the product is a nonnegative martingale (Ville: it ever exceeds
-    ``threshold`` with probability at most ``1 / threshold``). Pairs with a == b leave it unchanged."""
+    conditional mean 1 and the product is a nonnegative martingale. Pairs with a == b leave it unchanged."""
 
     SMOOTH = 0.5  #: pseudo-count of each cell in the plug-in laws
 
     def __init__(self, cells: int, threshold: float) -> None:
+        super().__init__(threshold)
         self.ca, self.cb = np.zeros(cells), np.zeros(cells)
-        self.t = 0
-        self.log_e, self.max_log_e = 0.0, 0.0
-        self.threshold, self.log_threshold = threshold, math.log(threshold)
-        self.stopped_at: int | None = None
 
     def update(self, a: np.ndarray, b: np.ndarray) -> int | None:
         """Feed pairs in order; the number consumed when the threshold is crossed, else None."""
@@ -558,24 +566,10 @@ class _PairEProcess:
         fa, fb = (ca + self.SMOOTH) / tot, (cb + self.SMOOTH) / tot  # plug-in laws of the sampler, the reference
         seen = fa[rows, a] * fb[rows, b]  # the labelling observed: the sampler drew a, the reference b
         swap = fa[rows, b] * fb[rows, a]
-        steps = np.where(a == b, 0.0, np.log(2.0 * seen / (seen + swap)))
-        path = self.log_e + np.cumsum(steps)
-        hit = np.flatnonzero(path >= self.log_threshold)
-        used = int(hit[0]) + 1 if hit.size else m
+        used, crossed = self._walk(np.where(a == b, 0.0, np.log(2.0 * seen / (seen + swap))))
         self.ca += oa[:used].sum(axis=0)
         self.cb += ob[:used].sum(axis=0)
-        self.t += used
-        self.log_e = float(path[used - 1])
-        self.max_log_e = max(self.max_log_e, float(path[:used].max()))
-        if hit.size:
-            self.stopped_at = self.t
-            return used
-        return None
-
-    def summary(self) -> dict:
-        return {"e_value": math.exp(min(self.log_e, 700.0)), "max_e_value": math.exp(min(self.max_log_e, 700.0)),
-                "threshold": self.threshold, "stopped_at": self.stopped_at,
-                "pvalue": min(1.0, math.exp(-self.max_log_e))}
+        return used if crossed else None
 
 
 def _symbol(o: tuple, j: int) -> Any:
