@@ -258,15 +258,15 @@ def _rule_patch(rule_fn: Callable, res: Callable = residual) -> tuple[Any, str, 
     return (one_round, "_categorical", make)
 
 
-def _target_cfg_patch(cfg: SamplingConfig) -> tuple[Any, str, Callable]:
-    """The target's probabilities computed with ``cfg`` (the draft's keep the request's settings)."""
+def _score_with(swap: Callable) -> tuple[Any, str, Callable]:
+    """A patch of TextProcess.score that scores the target with ``swap(the request's transforms)``
+    (the draft keeps the request's own)."""
     from speculate.domains.text import process
-    from speculate.domains.text.request.processors import Transforms
 
     def make(real: Callable) -> Callable:
         def score(self, rows, proposal):
             keep = self.cfg
-            self.cfg = Transforms(cfg, keep.before, keep.user, keep.min_new, keep.eos)
+            self.cfg = swap(keep)
             try:
                 return real(self, rows, proposal)
             finally:
@@ -274,6 +274,13 @@ def _target_cfg_patch(cfg: SamplingConfig) -> tuple[Any, str, Callable]:
         return score
 
     return (process.TextProcess, "score", make)
+
+
+def _target_cfg_patch(cfg: SamplingConfig) -> tuple[Any, str, Callable]:
+    """The target's probabilities computed with ``cfg`` (the draft's keep the request's settings)."""
+    from speculate.domains.text.request.processors import Transforms
+
+    return _score_with(lambda keep: Transforms(cfg, keep.before, keep.user, keep.min_new, keep.eos))
 
 
 def _draft_patches(report: str, sample: str) -> list[tuple[Any, str, Callable]]:
@@ -368,19 +375,8 @@ class _MarkerTransforms:
 
 def _marker_patch() -> tuple[Any, str, Callable]:
     """vLLM #27077 on the target's side of our path (TextProcess.score's law; the draft is untouched)."""
-    from speculate.domains.text import process
 
-    def make(real: Callable) -> Callable:
-        def score(self, rows, proposal):
-            keep = self.cfg
-            self.cfg = _MarkerTransforms(keep)
-            try:
-                return real(self, rows, proposal)
-            finally:
-                self.cfg = keep
-        return score
-
-    return (process.TextProcess, "score", make)
+    return _score_with(_MarkerTransforms)
 
 
 def _unguarded_greedy_patch() -> tuple[Any, str, Callable]:
