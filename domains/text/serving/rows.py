@@ -22,7 +22,6 @@ go through the SAME transform with each position's prefix, so verification keeps
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ import numpy as np
 import torch
 
 from ..request.processors import Transforms
-from ..request.sampling import SamplingConfig
+from ..request.sampling import SamplingConfig, probabilities
 
 __all__ = ["RowSettings", "RowStreams"]
 
@@ -145,35 +144,22 @@ class RowSettings(Transforms):
         x = self.scores(logits, tokens, rows, drafts, first, dtype)  # [R, J, V]
         if self.cons is not None and not bool(torch.isfinite(x.amax(dim=-1)).all()):
             raise ValueError("a row's constraint (response_format) removed every token at some position")
-        R, J, V = x.shape
-        dev = x.device
-        t = torch.as_tensor(self.temperature[rows], dtype=dtype, device=dev)[:, None, None]  # [R, 1, 1]
-        greedy = t == 0
-        # temperature: (x - max) / T (the same law as x / T; a tiny T cannot overflow)
-        z = x - x.amax(dim=-1, keepdim=True)
-        x = torch.where(z == 0, z, z / torch.where(greedy, torch.ones_like(t), t))
-        k = self.top_k[rows]
-        if ((k > 0) & (k < V)).any():  # top-k: ties at the k-th value kept
-            kk = torch.as_tensor(np.where((k > 0) & (k < V), k, V) - 1, device=dev)[:, None, None].expand(R, J, 1)
-            kth = torch.sort(x, dim=-1, descending=True).values.gather(-1, kk)  # [R, J, 1]
-            x = x.masked_fill(x < kth, -math.inf)
-        top_p = self.top_p[rows]
-        if (top_p < 1.0).any():  # top-p: the smallest most-likely set of mass > top_p (at least one)
-            sorted_x, order = torch.sort(x, dim=-1, descending=False, stable=True)
-            cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
-            remove = cum <= (1.0 - torch.as_tensor(top_p, dtype=dtype, device=dev))[:, None, None]
-            remove[..., -1] = False
-            x = x.masked_fill(torch.zeros_like(remove).scatter(-1, order, remove), -math.inf)
-        mp = self.min_p[rows]
-        if (mp > 0).any():  # min-p: below min_p x the top probability
-            pr = x.softmax(dim=-1)
-            floor = torch.as_tensor(mp, dtype=dtype, device=dev)[:, None, None] * pr.amax(dim=-1, keepdim=True)
-            x = x.masked_fill(pr < floor, -math.inf)
-        p = x.softmax(dim=-1)
-        if bool(greedy.any()):  # one-hot on the first argmax of the penalised logits
-            onehot = torch.zeros_like(p).scatter_(-1, z.argmax(dim=-1, keepdim=True), 1.0)
-            p = torch.where(greedy, onehot, p)
+        # each group of rows with the same warpers through request/sampling.py's one implementation
+        keys = np.stack([self.temperature[rows], self.top_k[rows], self.top_p[rows], self.min_p[rows]], axis=1)
+        groups, which = np.unique(keys, axis=0, return_inverse=True)
+        if len(groups) == 1:
+            return probabilities(x, self._config(groups[0]), dtype)
+        p = torch.empty_like(x)
+        for g, key in enumerate(groups):
+            idx = torch.as_tensor(np.flatnonzero(which.reshape(-1) == g), device=x.device)
+            p[idx] = probabilities(x[idx], self._config(key), dtype)
         return p
+
+    @staticmethod
+    def _config(key: np.ndarray) -> SamplingConfig:
+        t, k, top_p, min_p = (float(v) for v in key)
+        return SamplingConfig(temperature=t, top_k=int(k) if k > 0 else None, top_p=top_p if top_p < 1 else None,
+                              min_p=min_p if min_p > 0 else None)
 
 
 class RowStreams:
