@@ -30,44 +30,28 @@ def _run(name: str, rest: list[str]) -> int:
     return int(mod.demo(rest) or 0)
 
 
-def _generate(argv: list[str]) -> int:
+#: the commands with their own parser: (the module whose main(argv) runs it, the extra that installs it)
+COMMANDS = {"generate": ("speculate.domains.text.cli", "text"),
+            "serve": ("speculate.domains.text.serving.cli", "serve"),
+            "audit": ("speculate.domains.text.audit_cli", "text")}
+
+
+def _command(name: str, argv: list[str]) -> int:
+    """``speculate <name> ...``: its own module's ``main``, or a one-line message naming the extra."""
+    module, extra = COMMANDS[name]
     try:
-        from speculate.domains.text.cli import main as generate
+        run = importlib.import_module(module).main
     except ImportError as err:
-        print(f"speculate generate: missing dependency ({err}); install with: pip install 'speculate[text]'",
+        print(f"speculate {name}: missing dependency ({err}); install with: pip install 'speculate[{extra}]'",
               file=sys.stderr)
         return 1
-    return int(generate(argv) or 0)
-
-
-def _serve(argv: list[str]) -> int:
-    try:
-        from speculate.domains.text.serving.cli import main as serve
-    except ImportError as err:
-        print(f"speculate serve: missing dependency ({err}); install with: pip install 'speculate[serve]'",
-              file=sys.stderr)
-        return 1
-    return int(serve(argv) or 0)
-
-
-def _audit(argv: list[str]) -> int:
-    try:
-        from speculate.domains.text.audit_cli import main as audit
-    except ImportError as err:
-        print(f"speculate audit: missing dependency ({err}); install with: pip install 'speculate[text]'",
-              file=sys.stderr)
-        return 1
-    return int(audit(argv) or 0)
+    return int(run(argv) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["generate"]:  # its own parser: speculate generate --help
-        return _generate(argv[1:])
-    if argv[:1] == ["audit"]:  # its own parser: speculate audit --help
-        return _audit(argv[1:])
-    if argv[:1] == ["serve"]:  # its own parser: speculate serve --help
-        return _serve(argv[1:])
+    if argv[:1] and argv[0] in COMMANDS:  # its own parser: speculate generate|serve|audit --help
+        return _command(argv[0], argv[1:])
     if argv[:1] == ["demo"] and len(argv) > 2 and argv[1] in DEMOS and {"-h", "--help"} & set(argv[2:]):
         return _run(argv[1], ["--help"])  # speculate demo text --help: that demo's own flags
     parser = argparse.ArgumentParser(prog="speculate", description="Exact speculative sampling.")
