@@ -119,16 +119,22 @@ class Lookahead:
     ``step``: measured seconds per draft step; ``T(k)``: measured seconds of the target call of a round
     that drafted k, at the batch's current width (moving averages per k, smoothed by the least-squares
     line through them, so the cost of a wider block is measured, not assumed flat);
-    ``rest``: the loop's other seconds per round (verification, commit). The first rounds measure: k = 4,
-    then k = 0 once, then the rule decides. While the rule says 0, a round after every ``every`` rounds
-    drafts the best positive k, so alpha and the costs stay current (``every`` starts at 8 and doubles, up
-    to 512, after each probe that still says 0). A process with ``plain`` runs the rounds at 0 as
-    stretches of plain steps. With ``cost_ratio=`` the rule is the
-    textbook one, from alpha and that ratio alone (0 when no k pays), and a seeded run is reproducible.
+    ``rest``: the loop's other seconds per round (verification, commit). The first rounds measure: k = 1
+    twice (the first round's times hold one-off costs and are not kept), then k = 0 once, then the rule
+    decides: drafting one step is the cheapest measurement of it where it does not pay. While the rule says
+    0, a round after every ``every`` rounds drafts the best positive k (a probe), so alpha and the costs stay
+    current. ``every`` starts at 8; after a probe that still says 0 it is set so that probes cost at most
+    PROBE_BUDGET of the time: the probe's measured loss (its seconds minus what plain steps would have
+    taken for its outcomes) over PROBE_BUDGET times a plain round's seconds, in 8..MAX_PROBE. A process
+    with ``plain`` runs the rounds at 0 as stretches of plain steps. With ``cost_ratio=`` the rule is the
+    textbook one, from alpha and that ratio alone (0 when no k pays; ``every`` doubles after each probe
+    that still says 0), and a seeded run is reproducible.
     """
 
-    PROBE = 8  #: rounds at k = 0 before the first probing round (doubling after each probe that does not pay)
-    MAX_PROBE = 512
+    PROBE = 8  #: rounds at k = 0 before the first probing round
+    MAX_PROBE = 4096  #: the most rounds at k = 0 between two probes
+    PROBE_BUDGET = 0.01  #: the share of the time that probes may lose where drafting does not pay
+    FIRST = 1  #: the lookahead of the measuring rounds
 
     def __init__(
         self, lookahead: int | str, max_lookahead: int, cost_ratio: float | None = None, decay: float = 0.9
@@ -140,7 +146,7 @@ class Lookahead:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
         if max_lookahead < 1:
             raise ValueError(f"max_lookahead must be >= 1, got {max_lookahead}")
-        self.k = min(4, max_lookahead) if self.auto else int(lookahead)
+        self.k = min(self.FIRST, max_lookahead) if self.auto else int(lookahead)
         self.max, self.decay = int(max_lookahead), decay
         self.acc = self.rej = 0.0
         if cost_ratio is not None and not (0.0 <= cost_ratio < float("inf")):
@@ -158,6 +164,7 @@ class Lookahead:
         self.probing = False  # the last choice was a probe
         self.skip = True  # the next round's times hold one-off costs (first calls, allocation): not kept
         self.plain_step: float | None = None  # seconds per step of the process's own plain path (k = 0)
+        self.loss: float | None = None  # seconds the last probe lost against plain steps
 
     def begin(self) -> Lookahead:
         """A new run continues with what this control learned (alpha, the costs); its first round's
@@ -188,6 +195,10 @@ class Lookahead:
             self.k = self._probed(best, lambda: max(1, theory.optimal_lookahead(alpha, 0.0, self.max)))
             return
         skip, self.skip = self.skip, False
+        if self.probing and not skip and k > 0:  # a probe: what it lost against plain steps
+            plain = self._plain_round()
+            if plain is not None:
+                self.loss = max(t_draft + t_target + t_rest - float(np.mean(n_acc + 1)) * plain, 0.0)
         if not skip and t_target > 0:  # a run's first round's times hold one-off costs: skipped
             self.call[k] = self._ema(self.call.get(k), t_target)
             self.rest = self._ema(self.rest, max(t_rest, 0.0))
@@ -196,7 +207,7 @@ class Lookahead:
                 self.c = self.step / t_target
         if not self.call:  # measuring: a drafting round, then a plain one
             return
-        if 0 not in self.call:
+        if 0 not in self.call and self.plain_step is None:  # measuring: then one round without drafts
             self.k = 0
             return
         self.k = self._probed(self._best(alpha)[0], lambda: max(1, self._best(alpha, positive=True)[0]))
@@ -207,19 +218,38 @@ class Lookahead:
         still says 0 doubles ``every`` (up to MAX_PROBE): where speculation does not pay, probing fades."""
         probed, self.probing = self.probing, False
         if best > 0:
-            self.zeros, self.every = 0, self.PROBE
+            self.zeros, self.every, self.loss = 0, self.PROBE, None
             return best
         if probed:
-            self.every = min(2 * self.every, self.MAX_PROBE)
+            self.every = self._probe_interval()
         self.zeros += 1
         if self.zeros >= self.every:
             self.zeros, self.probing = 0, True
             return int(positive())
         return 0
 
+    def _plain_round(self) -> float | None:
+        """Seconds of a round at k = 0 (one step of every row): the plain path's step, else the measured
+        target call at width 0 plus the loop's rest; None before either is measured."""
+        if self.plain_step is not None:
+            return self.plain_step
+        if 0 in self.call:
+            return self.call[0] + (self.rest or 0.0)
+        return None
+
+    def _probe_interval(self) -> int:
+        """Rounds at k = 0 before the next probe: doubling with a fixed cost_ratio (no times); measured,
+        as many as keep the last probe's loss within PROBE_BUDGET of the time, in PROBE..MAX_PROBE."""
+        plain = self._plain_round()
+        if self.fixed_c is not None or self.loss is None or not plain:
+            return min(2 * self.every, self.MAX_PROBE)
+        return int(min(max(np.ceil(self.loss / (self.PROBE_BUDGET * plain)), self.PROBE), self.MAX_PROBE))
+
     def plain_steps(self) -> int:
         """Steps a process with a plain path (``Process.plain``) runs at once while the rule says 0: up to
-        the next probing round."""
+        the next probing round (no bound where the rule never probes: a fixed cost_ratio >= 1)."""
+        if self.fixed_c is not None and self.fixed_c >= 1.0:
+            return 1 << 62
         return max(1, self.every - self.zeros)
 
     def update_plain(self, steps: int, seconds: float) -> None:
@@ -240,25 +270,35 @@ class Lookahead:
             return
         self.k = self._probed(self._best(alpha)[0], lambda: max(1, self._best(alpha, positive=True)[0]))
 
-    def _target_time(self, k: int) -> float:
-        """The target call's time at width k: the least-squares line through every width measured (one
-        width: that time), so that one lucky or unlucky measurement does not steer the choice."""
+    def _width_line(self) -> tuple[float, float, float]:
+        """The target call's time against width k: (intercept, slope >= 0, floor), the least-squares line
+        through every width measured (one width: flat at that time), so that one lucky or unlucky
+        measurement does not steer the choice; never below the cheapest measured call (the floor)."""
         known = dict(self.call)
         if 0 not in known and self.plain_step is not None:  # a plain step bounds the call without drafts
             known[0] = self.plain_step
-        ks = np.array(sorted(known), np.float64)
-        ts = np.array([known[int(x)] for x in ks])
+        if not known:  # nothing measured yet
+            return 0.0, 0.0, 0.0
+        ks = np.fromiter(known.keys(), np.float64, len(known))
+        ts = np.fromiter(known.values(), np.float64, len(known))
         if len(ks) == 1:
-            return float(ts[0])
-        b, a = np.polyfit(ks, ts, 1)
-        return float(max(a + max(b, 0.0) * k, ts.min()))
+            return float(ts[0]), 0.0, float(ts[0])
+        dk = ks - ks.mean()
+        b = float(dk @ (ts - ts.mean()) / (dk @ dk))
+        return float(ts.mean() - b * ks.mean()), max(b, 0.0), float(ts.min())
+
+    def _target_time(self, k: int) -> float:
+        """The target call's time at width k, from ``_width_line``."""
+        a, b, floor = self._width_line()
+        return max(a + b * k, floor)
 
     def _best(self, alpha: float, positive: bool = False) -> tuple[int, float]:
         step, rest = self.step or 0.0, self.rest or 0.0
+        a, b, floor = self._width_line()  # one fit per decision, not one per candidate k
         best, best_rate = 0, -1.0
         for k in range(1 if positive else 0, self.max + 1):
             e = theory.expected_tokens(alpha, k)
-            t = k * step + self._target_time(k) + rest
+            t = k * step + max(a + b * k, floor) + rest
             if k == 0 and self.plain_step is not None:  # the process's own plain path: what k = 0 costs
                 t = min(t, self.plain_step)
             r = e / t if t > 0 else float(k + 1)

@@ -130,13 +130,15 @@ class LangevinProcess:
         n = np.asarray(n, np.int64)
         X = self.X[rows].copy()  # [R, N, d]
         steps = self.step[rows]
-        out = np.empty((len(rows), int(n.max()), *X.shape[1:]), X.dtype)
-        R = len(rows)
-        for j in range(int(n.max())):
-            act = np.flatnonzero(n > j)
-            every = len(act) == R  # all rows: no gathers (the common case)
-            Xa = X if every else X[act]
-            F, finite = evaluate_force(self.model.force, Xa, who="force", steps=steps[act] + j)
+        R, n_max = len(rows), int(n.max())
+        out = np.empty((R, n_max, *X.shape[1:]), X.dtype)  # [R, max n, N, d]
+        ragged = bool((n < n_max).any())  # rows that stop early: gathers (all rows step together otherwise)
+        act = np.arange(R)
+        for j in range(n_max):
+            if ragged:
+                act = np.flatnonzero(n > j)
+            Xa = X[act] if ragged else X
+            F, finite = evaluate_force(self.model.force, Xa, who="force", steps=(steps[act] if ragged else steps) + j)
             self.stats.target_configurations += len(act)
             if not finite.all():
                 b = int(np.argmin(finite))
@@ -146,12 +148,12 @@ class LangevinProcess:
                 b = int(np.argmin(ok))
                 raise overflow_error(M, b, int(steps[act[b]] + j), int(rows[act[b]]))
             new = M + self.scale * rng.standard_normal(M.shape)
-            if every:
-                X = new
-                out[:, j] = new
-            else:
+            if ragged:
                 X[act] = new
                 out[act, j] = new
+            else:
+                X = new
+                out[:, j] = new
         self.recorder.record_block(rows, steps, out, n)
         self.X[rows] = X
         self.step[rows] += n

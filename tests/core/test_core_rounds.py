@@ -89,3 +89,43 @@ def test_one_off_costs_are_not_taken_for_the_drafts_cost():
     alpha = 4.8 / 5.8
     rates = [sp.theory.expected_tokens(alpha, k) / (0.001 * k + 0.004 + 0.003 * k) for k in range(9)]
     assert ctl.k == int(np.argmax(rates))
+
+
+def test_probes_are_spaced_by_their_measured_loss():
+    """Where drafting does not pay, a probe's loss against plain steps sets the rounds until the next one,
+    so that probes cost at most PROBE_BUDGET of the time (the doubling schedule cost LJ at N = 108 about
+    6% of a 1000-step run); with a fixed cost_ratio >= 1 no probe comes and a plain stretch is unbounded."""
+    from speculate.rounds import Lookahead
+
+    ctl = Lookahead("auto", 8)
+    assert ctl.k == Lookahead.FIRST == 1  # measuring: one draft step, its first round's times skipped
+    ctl.update(np.array([1]), None, 1, t_draft=1.0, t_target=1.0)  # one-off costs: not kept
+    ctl.update(np.array([1]), None, 1, t_draft=0.006, t_target=0.010)  # a draft step costs a target call
+    assert ctl.k == 0
+    ctl.update_plain(1, 0.005)  # a plain step: 5 ms
+    assert ctl.k == 0 and ctl.plain_steps() == Lookahead.PROBE - 1
+    ctl.update_plain(7, 0.035)
+    assert ctl.k >= 1 and ctl.probing  # the probe
+    ctl.update(np.array([ctl.k]), None, ctl.k, t_draft=0.006 * ctl.k, t_target=0.010 + 0.005 * ctl.k)
+    assert ctl.k == 0
+    loss = 0.006 * 1 + 0.015 - 2 * 0.005  # a k = 1 probe kept both outcomes: 21 ms for 10 ms of plain steps
+    assert ctl.loss == pytest.approx(loss)
+    assert ctl.every == int(np.ceil(loss / (Lookahead.PROBE_BUDGET * 0.005)))  # 220 rounds
+    assert Lookahead("auto", 8, cost_ratio=2.0).plain_steps() >= 2**62  # no probe ever: one stretch
+
+
+def test_a_plain_path_does_not_cancel_drafting_that_pays():
+    """Regression: with a process's plain path (k = 0 measured as plain steps, never as a target call at
+    width 0) every drafting round sent the rule back to 0 "to measure k = 0", so physics runs where
+    drafting pays alternated 8 plain steps and one drafting round."""
+    from speculate.rounds import Lookahead
+
+    ctl = Lookahead("auto", 8)
+    ctl.update(np.array([1]), None, 1, t_draft=1.0, t_target=1.0)  # one-off costs: not kept
+    ctl.update(np.array([1]), None, 1, t_draft=0.0001, t_target=0.0051)  # a cheap draft, a flat call
+    assert ctl.k == 0
+    ctl.update_plain(1, 0.005)
+    assert ctl.k > 1
+    for _ in range(5):  # drafting keeps paying: the rule keeps drafting
+        ctl.update(np.array([ctl.k]), None, ctl.k, t_draft=0.0001 * ctl.k, t_target=0.005 + 0.0001 * ctl.k)
+        assert ctl.k > 1

@@ -207,3 +207,16 @@ def test_auto_at_k0_runs_the_plain_chain_draw_for_draw():
     plain = simulate(model, x0, 50, rng=7, record_every=5)
     assert np.array_equal(spec.positions, plain.positions)
     assert set(spec.stats.lookahead_counts) == {0} and spec.stats.target_calls == 50
+
+
+@pytest.mark.parametrize("n_steps", [1, 2, 3, 6])
+def test_auto_measured_short_runs_finish(n_steps):
+    """Regression: a measured ``lookahead="auto"`` run of 2 steps crashed in numpy's polyfit (no target
+    call measured yet when the first plain stretch asked the rule for k). Every short run finishes, with
+    every step recorded and a finite configuration."""
+    from speculate.domains.physics import DoubleWell, Langevin, speculative_simulate
+
+    model = Langevin(force=DoubleWell(), draft_force="frozen", dt=1e-3)
+    sim = speculative_simulate(model, np.zeros((2, 1, 1)), n_steps, lookahead="auto", rng=3)
+    assert sim.positions.shape == (2, n_steps + 1, 1, 1) and np.isfinite(sim.final).all()
+    assert sim.stats.steps == n_steps
