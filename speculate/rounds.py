@@ -135,6 +135,8 @@ class Lookahead:
     MAX_PROBE = 4096  #: the most rounds at k = 0 between two probes
     PROBE_BUDGET = 0.01  #: the share of the time that probes may lose where drafting does not pay
     FIRST = 1  #: the lookahead of the measuring rounds
+    FADE = 0.97  #: weight per round of age of a width's time in the width line (64 rounds: 0.14)
+    REFRESH = 64  #: rounds of drafting after which one round at k = 0 measures the call without drafts again
 
     def __init__(
         self, lookahead: int | str, max_lookahead: int, cost_ratio: float | None = None, decay: float = 0.9
@@ -165,6 +167,9 @@ class Lookahead:
         self.skip = True  # the next round's times hold one-off costs (first calls, allocation): not kept
         self.plain_step: float | None = None  # seconds per step of the process's own plain path (k = 0)
         self.loss: float | None = None  # seconds the last probe lost against plain steps
+        self.seen: dict[int, int] = {}  # k -> the round in which call[k] was last measured
+        self.seen_plain = -(1 << 62)  # the round in which plain_step was last measured
+        self.refreshing = False  # the next round is a refresh of the width-0 time
 
     def begin(self) -> Lookahead:
         """A new run continues with what this control learned (alpha, the costs); its first round's
@@ -172,9 +177,14 @@ class Lookahead:
         self.skip = True
         return self
 
-    @staticmethod
-    def _ema(old: float | None, new: float) -> float:
-        return new if old is None else 0.8 * old + 0.2 * new
+    @classmethod
+    def _ema(cls, old: float | None, new: float, age: int = 1) -> float:
+        """A moving average; an old value measured ``age`` rounds ago keeps 0.8 * FADE**(age - 1) of its
+        weight (a width measured rarely is mostly replaced by its new time)."""
+        if old is None:
+            return new
+        w = 0.8 * cls.FADE ** max(age - 1, 0)
+        return w * old + (1.0 - w) * new
 
     def update(self, n_acc: np.ndarray, lengths: np.ndarray | None, k: int, t_draft: float, t_target: float,
                t_rest: float = 0.0) -> None:
@@ -200,7 +210,8 @@ class Lookahead:
             if plain is not None:
                 self.loss = max(t_draft + t_target + t_rest - float(np.mean(n_acc + 1)) * plain, 0.0)
         if not skip and t_target > 0:  # a run's first round's times hold one-off costs: skipped
-            self.call[k] = self._ema(self.call.get(k), t_target)
+            self.call[k] = self._ema(self.call.get(k), t_target, self.rounds - self.seen.get(k, self.rounds))
+            self.seen[k] = self.rounds
             self.rest = self._ema(self.rest, max(t_rest, 0.0))
             if k > 0:
                 self.step = self._ema(self.step, t_draft / k)
@@ -210,12 +221,22 @@ class Lookahead:
         if 0 not in self.call and self.plain_step is None:  # measuring: then one round without drafts
             self.k = 0
             return
+        self._decide(alpha)
+
+    def _decide(self, alpha: float) -> None:
+        """The next round's k from the measured rule; while drafting, one round at k = 0 after REFRESH
+        rounds without one, so the time without drafts (the width line's intercept) follows the costs as
+        they drift (a cache that grows, a batch that shrinks)."""
+        self.refreshing = False
         self.k = self._probed(self._best(alpha)[0], lambda: max(1, self._best(alpha, positive=True)[0]))
+        zero = max(self.seen.get(0, -(1 << 62)), self.seen_plain)
+        if self.k > 0 and self.rounds - zero > self.REFRESH:
+            self.k, self.refreshing = 0, True
 
     def _probed(self, best: int, positive: Any) -> int:
         """``best``, or after ``every`` rounds at 0 the best positive k (``positive()``): alpha and the
         costs of drafting stay current while the rule says not to draft. A probe after which the rule
-        still says 0 doubles ``every`` (up to MAX_PROBE): where speculation does not pay, probing fades."""
+        still says 0 sets ``every`` by ``_probe_interval``: where speculation does not pay, probing fades."""
         probed, self.probing = self.probing, False
         if best > 0:
             self.zeros, self.every, self.loss = 0, self.PROBE, None
@@ -250,6 +271,8 @@ class Lookahead:
         the next probing round (no bound where the rule never probes: a fixed cost_ratio >= 1)."""
         if self.fixed_c is not None and self.fixed_c >= 1.0:
             return 1 << 62
+        if self.refreshing:  # one step measures the plain path again, then the rule drafts
+            return 1
         return max(1, self.every - self.zeros)
 
     def update_plain(self, steps: int, seconds: float) -> None:
@@ -260,7 +283,8 @@ class Lookahead:
         self.rounds += 1
         skip, self.skip = self.skip, False
         if not skip and steps > 0 and seconds > 0:
-            self.plain_step = self._ema(self.plain_step, seconds / steps)
+            self.plain_step = self._ema(self.plain_step, seconds / steps, max(self.rounds - self.seen_plain, 1))
+            self.seen_plain = self.rounds
         self.zeros += steps - 1
         alpha = (self.acc + 1.0) / (self.acc + self.rej + 2.0)
         if self.fixed_c is not None:
@@ -268,24 +292,29 @@ class Lookahead:
             self.k = best if self.fixed_c >= 1.0 else self._probed(
                 best, lambda: max(1, theory.optimal_lookahead(alpha, 0.0, self.max)))
             return
-        self.k = self._probed(self._best(alpha)[0], lambda: max(1, self._best(alpha, positive=True)[0]))
+        self._decide(alpha)
 
     def _width_line(self) -> tuple[float, float, float]:
-        """The target call's time against width k: (intercept, slope >= 0, floor), the least-squares line
-        through every width measured (one width: flat at that time), so that one lucky or unlucky
-        measurement does not steer the choice; never below the cheapest measured call (the floor)."""
-        known = dict(self.call)
+        """The target call's time against width k: (intercept, slope >= 0, floor), the weighted
+        least-squares line through every width measured (one width: flat at that time), so that one lucky
+        or unlucky measurement does not steer the choice; a width's weight fades by FADE per round since it
+        was last measured, so that old times (a shorter cache) yield to current ones; never below the
+        cheapest measured call (the floor)."""
+        known = {k: (t, self.seen.get(k, self.rounds)) for k, t in self.call.items()}
         if 0 not in known and self.plain_step is not None:  # a plain step bounds the call without drafts
-            known[0] = self.plain_step
+            known[0] = (self.plain_step, self.seen_plain)
         if not known:  # nothing measured yet
             return 0.0, 0.0, 0.0
         ks = np.fromiter(known.keys(), np.float64, len(known))
-        ts = np.fromiter(known.values(), np.float64, len(known))
+        ts = np.array([t for t, _ in known.values()])
         if len(ks) == 1:
             return float(ts[0]), 0.0, float(ts[0])
-        dk = ks - ks.mean()
-        b = float(dk @ (ts - ts.mean()) / (dk @ dk))
-        return float(ts.mean() - b * ks.mean()), max(b, 0.0), float(ts.min())
+        w = self.FADE ** np.minimum(self.rounds - np.array([r for _, r in known.values()], np.float64), 1e4)
+        w = w / w.sum()
+        km, tm = float(w @ ks), float(w @ ts)
+        dk = ks - km
+        b = float((w * dk) @ (ts - tm) / ((w * dk) @ dk))
+        return tm - b * km, max(b, 0.0), float(ts.min())
 
     def _target_time(self, k: int) -> float:
         """The target call's time at width k, from ``_width_line``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -129,3 +131,26 @@ def test_a_plain_path_does_not_cancel_drafting_that_pays():
     for _ in range(5):  # drafting keeps paying: the rule keeps drafting
         ctl.update(np.array([ctl.k]), None, ctl.k, t_draft=0.0001 * ctl.k, t_target=0.005 + 0.0001 * ctl.k)
         assert ctl.k > 1
+
+
+def test_the_time_without_drafts_is_measured_again_while_drafting_pays():
+    """Regression: the width-0 time was measured once, in the first rounds, and never again while drafting
+    paid; as a cache grows every call gets slower, the stale intercept made wide blocks look expensive
+    (auto below a fixed k = 4 at text batch 8). One round at k = 0 after REFRESH rounds of drafting
+    measures it again, and old widths fade from the line."""
+    from speculate.rounds import Lookahead
+
+    ctl = Lookahead("auto", 8)
+    ctl.update(np.array([1]), None, 1, t_draft=1.0, t_target=1.0)  # one-off costs: not kept
+    ctl.update(np.array([1]), None, 1, t_draft=0.0001, t_target=0.0051)
+    ctl.update(np.array([0]), None, 0, t_draft=0.0, t_target=0.005)
+    ks = []
+    for r in range(3 * Lookahead.REFRESH):
+        k = ctl.k
+        ks.append(k)
+        slow = 1 + r / 50  # every call slows as the cache grows: 5 ms -> 25 ms at width 0
+        ctl.update(np.array([k]), None, k, t_draft=0.0001 * k, t_target=slow * (0.005 + 0.0001 * k))
+    zeros = [i for i, k in enumerate(ks) if k == 0]
+    assert 2 <= len(zeros) <= 4 and all(b - a > Lookahead.REFRESH for a, b in itertools.pairwise(zeros))
+    a, _, _ = ctl._width_line()  # the intercept is the last refresh's time (5 ms before any: stale)
+    assert a == pytest.approx(0.005 * (1 + zeros[-1] / 50), rel=0.15) and a > 0.015
