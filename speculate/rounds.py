@@ -118,7 +118,9 @@ class Lookahead:
 
     ``step``: measured seconds per draft step; ``T(k)``: measured seconds of the target call of a round
     that drafted k, at the batch's current width (moving averages per k, smoothed by the least-squares
-    line through them, so the cost of a wider block is measured, not assumed flat);
+    line through them, each width weighted by FADE per round since it was measured, so the cost of a
+    wider block is measured, not assumed flat, and follows a cache that grows); while drafting pays, one
+    round at k = 0 after REFRESH drafting rounds measures the time without drafts again;
     ``rest``: the loop's other seconds per round (verification, commit). The first rounds measure: k = 1
     twice (the first round's times hold one-off costs and are not kept), then k = 0 once, then the rule
     decides: drafting one step is the cheapest measurement of it where it does not pay. While the rule says
