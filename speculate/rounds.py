@@ -122,8 +122,9 @@ class Lookahead:
     wider block is measured, not assumed flat, and follows a cache that grows); while drafting pays, one
     round at k = 0 after REFRESH drafting rounds measures the time without drafts again;
     ``rest``: the loop's other seconds per round (verification, commit). The first rounds measure: k = 1
-    twice (the first round's times hold one-off costs and are not kept), then k = 0 once, then the rule
-    decides: drafting one step is the cheapest measurement of it where it does not pay. While the rule says
+    (the first round's times hold one-off costs and are not kept: the cheapest round that drafts), k = 4
+    (a width wide enough that the line does not miss a call that batches well), then k = 0 once, then the
+    rule decides. While the rule says
     0, a round after every ``every`` rounds drafts the best positive k (a probe), so alpha and the costs stay
     current. ``every`` starts at 8; after a probe that still says 0 it is set so that probes cost at most
     PROBE_BUDGET of the time: the probe's measured loss (its seconds minus what plain steps would have
@@ -136,7 +137,8 @@ class Lookahead:
     PROBE = 8  #: rounds at k = 0 before the first probing round
     MAX_PROBE = 4096  #: the most rounds at k = 0 between two probes
     PROBE_BUDGET = 0.01  #: the share of the time that probes may lose where drafting does not pay
-    FIRST = 1  #: the lookahead of the measuring rounds
+    FIRST = 1  #: the lookahead of a run's first round (its times hold one-off costs and are not kept)
+    MEASURE = 4  #: the lookahead of the measuring round (a width the line can extrapolate from)
     FADE = 0.97  #: weight per round of age of a width's time in the width line (64 rounds: 0.14)
     REFRESH = 64  #: rounds of drafting after which one round at k = 0 measures the call without drafts again
 
@@ -219,6 +221,8 @@ class Lookahead:
                 self.step = self._ema(self.step, t_draft / k)
                 self.c = self.step / t_target
         if not self.call:  # measuring: a drafting round, then a plain one
+            if k > 0 and self.step is None:
+                self.k = min(self.MEASURE, self.max)
             return
         if 0 not in self.call and self.plain_step is None:  # measuring: then one round without drafts
             self.k = 0

@@ -100,19 +100,21 @@ def test_probes_are_spaced_by_their_measured_loss():
     from speculate.rounds import Lookahead
 
     ctl = Lookahead("auto", 8)
-    assert ctl.k == Lookahead.FIRST == 1  # measuring: one draft step, its first round's times skipped
-    ctl.update(np.array([1]), None, 1, t_draft=1.0, t_target=1.0)  # one-off costs: not kept
-    ctl.update(np.array([1]), None, 1, t_draft=0.006, t_target=0.010)  # a draft step costs a target call
+    assert ctl.k == Lookahead.FIRST == 1  # one draft step: this round's times are skipped (one-off costs)
+    ctl.update(np.array([1]), None, 1, t_draft=1.0, t_target=1.0)
+    assert ctl.k == Lookahead.MEASURE == 4  # the measuring round: a width the line can extrapolate from
+    ctl.update(np.array([4]), None, 4, t_draft=0.024, t_target=0.025)  # a draft step costs a plain step
     assert ctl.k == 0
     ctl.update_plain(1, 0.005)  # a plain step: 5 ms
     assert ctl.k == 0 and ctl.plain_steps() == Lookahead.PROBE - 1
     ctl.update_plain(7, 0.035)
     assert ctl.k >= 1 and ctl.probing  # the probe
-    ctl.update(np.array([ctl.k]), None, ctl.k, t_draft=0.006 * ctl.k, t_target=0.010 + 0.005 * ctl.k)
+    k = ctl.k
+    ctl.update(np.array([k]), None, k, t_draft=0.006 * k, t_target=0.005 + 0.005 * k)
     assert ctl.k == 0
-    loss = 0.006 * 1 + 0.015 - 2 * 0.005  # a k = 1 probe kept both outcomes: 21 ms for 10 ms of plain steps
+    loss = 0.006 * k + 0.005 * k - k * 0.005  # the probe kept all k + 1 outcomes; plain: 5 ms each
     assert ctl.loss == pytest.approx(loss)
-    assert ctl.every == int(np.ceil(loss / (Lookahead.PROBE_BUDGET * 0.005)))  # 220 rounds
+    assert ctl.every == min(int(np.ceil(loss / (Lookahead.PROBE_BUDGET * 0.005))), Lookahead.MAX_PROBE)
     assert Lookahead("auto", 8, cost_ratio=2.0).plain_steps() >= 2**62  # no probe ever: one stretch
 
 
