@@ -222,7 +222,7 @@ def speculative_simulate(
     X, batched = check_x0(x0)
     rec = Recorder(X, n_steps, record_every)
     stats = SimulationStats(steps=n_steps)
-    process = LangevinProcess(model, X, rec, stats)
+    process = LangevinProcess(model, X, rec, stats, keep_outcomes=False)  # the recorder keeps them
     t0 = time.perf_counter()
     run(process, X.shape[0], n_steps, lookahead=lookahead, verify="token", rng=rng,
         max_lookahead=max_lookahead, cost_ratio=cost_ratio, keep_samples=False, stats=stats)

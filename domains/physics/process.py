@@ -82,9 +82,11 @@ class LangevinProcess:
     committed configuration; ``stats`` counts the scored configurations and the truncated drafts.
     """
 
-    def __init__(self, model: Langevin, X0: np.ndarray, recorder: Recorder, stats: SimulationStats) -> None:
+    def __init__(self, model: Langevin, X0: np.ndarray, recorder: Recorder, stats: SimulationStats,
+                 keep_outcomes: bool = True) -> None:
         B = X0.shape[0]
         self.model, self.recorder, self.stats = model, recorder, stats
+        self.keep_outcomes = keep_outcomes  # False: plain stretches return no outcomes (the recorder has them)
         self.X = X0.copy()  # [B, N, d] committed
         self.step = np.zeros(B, np.int64)
         self.draft = model.draft
@@ -125,20 +127,24 @@ class LangevinProcess:
     def plain(self, rows: np.ndarray, n: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, None]:
         """``n[r]`` plain Euler-Maruyama steps of each row (the exact force, no drafts: ``simulate``'s step),
         in one call of the loop: what ``lookahead="auto"`` runs while no lookahead pays (k = 0). Returns the
-        configurations ``[R, max n, N, d]``, the steps taken and None. The draft's memory is left as it was
-        (a stale reference drafts worse, never wrongly: its law is the one it reports)."""
+        configurations ``[R, max n, N, d]`` (None with ``keep_outcomes=False``: only the recorded steps are
+        written, into the recorder, as ``simulate`` does), the steps taken and None. The draft's memory is
+        left as it was (a stale reference drafts worse, never wrongly: its law is the one it reports)."""
         n = np.asarray(n, np.int64)
         X = self.X[rows].copy()  # [R, N, d]
         steps = self.step[rows]
         R, n_max = len(rows), int(n.max())
-        out = np.empty((R, n_max, *X.shape[1:]), X.dtype)  # [R, max n, N, d]
+        keep = self.keep_outcomes or self.recorder.every == 1  # every step recorded: the block write
+        out = np.empty((R, n_max, *X.shape[1:]), X.dtype) if keep else None  # [R, max n, N, d]
+        due = {} if keep else self._recorded(steps, n)  # j -> the rows (indices into rows) recorded after step j
         ragged = bool((n < n_max).any())  # rows that stop early: gathers (all rows step together otherwise)
         act = np.arange(R)
+        first = int(steps.min())  # a plain int: no array arithmetic per step
         for j in range(n_max):
             if ragged:
                 act = np.flatnonzero(n > j)
             Xa = X[act] if ragged else X
-            F, finite = evaluate_force(self.model.force, Xa, who="force", steps=(steps[act] if ragged else steps) + j)
+            F, finite = evaluate_force(self.model.force, Xa, who="force", steps=first + j)  # rows: see the errors
             self.stats.target_configurations += len(act)
             if not finite.all():
                 b = int(np.argmin(finite))
@@ -150,14 +156,32 @@ class LangevinProcess:
             new = M + self.scale * rng.standard_normal(M.shape)
             if ragged:
                 X[act] = new
-                out[act, j] = new
             else:
                 X = new
-                out[:, j] = new
-        self.recorder.record_block(rows, steps, out, n)
+            if keep:
+                if ragged:
+                    out[act, j] = new
+                else:
+                    out[:, j] = new
+            elif j in due:
+                i = due[j]
+                self.recorder.positions[rows[i], (steps[i] + j + 1) // self.recorder.every] = X[i]
+        if keep:
+            self.recorder.record_block(rows, steps, out, n)
         self.X[rows] = X
         self.step[rows] += n
         return out, n, None
+
+    def _recorded(self, steps: np.ndarray, n: np.ndarray) -> dict[int, np.ndarray]:
+        """The steps j of a plain stretch after which rows are recorded (step + j + 1 a multiple of the
+        recorder's ``every``), each with those rows."""
+        every = self.recorder.every
+        first = (-(steps + 1)) % every  # [R] the first j at which each row is recorded
+        due: dict[int, list[int]] = {}
+        for i in range(len(steps)):
+            for j in range(int(first[i]), int(n[i]), every):
+                due.setdefault(j, []).append(i)
+        return {j: np.array(v, np.int64) for j, v in due.items()}
 
     def commit(self, rows: np.ndarray, proposal: Proposal, verdict: Verdict) -> tuple[np.ndarray, None]:
         ctx: Round = proposal.context

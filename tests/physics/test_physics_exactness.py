@@ -220,3 +220,28 @@ def test_auto_measured_short_runs_finish(n_steps):
     sim = speculative_simulate(model, np.zeros((2, 1, 1)), n_steps, lookahead="auto", rng=3)
     assert sim.positions.shape == (2, n_steps + 1, 1, 1) and np.isfinite(sim.final).all()
     assert sim.stats.steps == n_steps
+
+
+@pytest.mark.parametrize("record_every", [1, 3, 7])
+def test_plain_stretches_record_what_the_block_write_records(record_every):
+    """LangevinProcess.plain without outcomes (what speculative_simulate runs: only the recorded steps are
+    written, straight into the recorder) records exactly what the block write of every outcome does, for
+    rows at different steps stopping at different lengths."""
+    from speculate.domains.physics import DoubleWell, Langevin
+    from speculate.domains.physics.langevin import Recorder
+    from speculate.domains.physics.process import LangevinProcess, SimulationStats
+
+    model = Langevin(force=DoubleWell(), dt=1e-2)
+    x0 = np.linspace(-1, 1, 4).reshape(4, 1, 1)
+    rows, n = np.array([0, 2, 3]), np.array([9, 4, 11])
+    recs = []
+    for keep in (True, False):
+        rec = Recorder(x0, 40, record_every)
+        rec.positions[:, 1:] = np.nan  # what is not recorded stays NaN in both
+        proc = LangevinProcess(model, x0, rec, SimulationStats(steps=40), keep_outcomes=keep)
+        proc.step[:] = [5, 0, 2, 13]  # rows at different steps
+        out, used, _ = proc.plain(rows, n, np.random.default_rng(1))
+        assert (out is None) == (not keep and record_every > 1) and used.tolist() == n.tolist()
+        recs.append((rec.positions.copy(), proc.X.copy(), proc.step.copy()))
+    for a, b in zip(*recs, strict=True):
+        np.testing.assert_array_equal(a, b)
