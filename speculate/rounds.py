@@ -175,6 +175,21 @@ class Lookahead:
         self.seen_plain = -(1 << 62)  # the round in which plain_step was last measured
         self.refreshing = False  # the next round is a refresh of the width-0 time
 
+    @classmethod
+    def kept(cls, holder: dict, lookahead: int | str, max_lookahead: int, cost_ratio: float | None,
+             width: int) -> Lookahead | None:
+        """The control a caller keeps across runs in ``holder`` (one per batch ``width`` and
+        ``max_lookahead``) for measured ``lookahead="auto"``; None otherwise (a fixed lookahead, or a fixed
+        ``cost_ratio``: each run then starts afresh and its output depends on its seed alone). Many short
+        runs then pay for the measuring rounds once."""
+        if lookahead != "auto" or cost_ratio is not None:
+            return None
+        key = (int(max_lookahead), int(width))
+        c = holder.get(key)
+        if c is None:
+            c = holder[key] = cls("auto", max_lookahead)
+        return c
+
     def begin(self) -> Lookahead:
         """A new run continues with what this control learned (alpha, the costs); its first round's
         times are not kept. A generator that runs many short requests keeps one control across them."""
@@ -689,6 +704,7 @@ def run(
     cost_ratio: float | None = None,
     keep_samples: bool = True,
     stats: Stats | None = None,
+    control: Lookahead | None = None,
 ) -> RunResult:
     """Advance ``n_rows`` chains of ``process`` until each has ``n`` outcomes (or is done).
 
@@ -696,11 +712,12 @@ def run(
     rejection; Categorical only). ``stats``: the object to count into (a domain passes its own
     subclass of :class:`Stats`). ``keep_samples=False`` records no outcomes (``RunResult.samples``
     is None): for processes that keep their own trajectory and long runs whose outcomes are large.
+    ``control``: a :class:`Lookahead` to continue (see :func:`rounds`).
     :func:`rounds` is the same loop as a generator, one :class:`Round` at a time.
     """
     stats = Stats() if stats is None else stats
     loop = rounds(process, n_rows, n, lookahead=lookahead, verify=verify, branches=branches, rng=rng,
-                  max_lookahead=max_lookahead, cost_ratio=cost_ratio, stats=stats)
+                  max_lookahead=max_lookahead, cost_ratio=cost_ratio, stats=stats, control=control)
     if not keep_samples:
         for _ in loop:
             pass

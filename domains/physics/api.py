@@ -28,7 +28,7 @@ from speculate.domains.shared.gaussian_drift import check_cost_ratio, check_look
 from speculate.distributed.sharding import map_shards
 from speculate.errors import add_note
 from speculate.rng import as_rng
-from speculate.rounds import run
+from speculate.rounds import Lookahead, run
 
 from .forces import evaluate_force, nonfinite_error, overflow_error, transition_means
 from .langevin import Langevin, Recorder, check_steps, check_x0
@@ -187,7 +187,9 @@ def speculative_simulate(
         model: Langevin(force, draft_force, dt, kT, gamma).
         x0: initial configuration [N, d], or [B, N, d] for B replicas advanced together.
         n_steps: steps per replica. lookahead: drafted steps per round, or "auto" (chosen online
-            from the measured acceptance and cost ratio, up to ``max_lookahead``).
+            from the measured acceptance and costs, up to ``max_lookahead``; 0 runs plain steps; what
+            it measured is kept in ``model.controls`` and continued by the model's next run of the
+            same batch width, so many short runs measure once).
         rng: int seed, numpy Generator, or None (unpredictable). record_every: keep every
             record_every-th configuration.
         cost_ratio: with lookahead="auto", a fixed draft/target cost ratio c instead of the
@@ -224,7 +226,8 @@ def speculative_simulate(
     stats = SimulationStats(steps=n_steps)
     process = LangevinProcess(model, X, rec, stats, keep_outcomes=False)  # the recorder keeps them
     t0 = time.perf_counter()
+    control = Lookahead.kept(model.controls, lookahead, max_lookahead, cost_ratio, X.shape[0])
     run(process, X.shape[0], n_steps, lookahead=lookahead, verify="token", rng=rng,
-        max_lookahead=max_lookahead, cost_ratio=cost_ratio, keep_samples=False, stats=stats)
+        max_lookahead=max_lookahead, cost_ratio=cost_ratio, keep_samples=False, stats=stats, control=control)
     stats.wall_time = time.perf_counter() - t0
     return _simulation(rec, process.X, stats, batched)

@@ -64,6 +64,9 @@ class Langevin:
     kT: float = 1.0
     gamma: float = 1.0
     draft: Draft = field(init=False, repr=False, compare=False)  #: draft_force as a draft object
+    #: ``lookahead="auto"``'s controls, kept across runs of this model (one per batch width and
+    #: max_lookahead): what they measured (acceptance, costs) is the past of the next run
+    controls: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if not callable(self.force):

@@ -245,3 +245,26 @@ def test_plain_stretches_record_what_the_block_write_records(record_every):
         recs.append((rec.positions.copy(), proc.X.copy(), proc.step.copy()))
     for a, b in zip(*recs, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_auto_continues_what_the_model_measured():
+    """A model's measured ``lookahead="auto"`` control is kept per batch width and continued by its next
+    run: the measuring rounds (k = 1, then 4) come once, not in every short run; a fixed cost_ratio, a
+    fixed lookahead or another model keep nothing."""
+    from speculate.domains.physics import DoubleWell, Langevin, speculative_simulate
+
+    model = Langevin(force=DoubleWell(), draft_force="frozen", dt=1e-3)
+    x0 = np.zeros((2, 1, 1))
+    first = speculative_simulate(model, x0, 30, lookahead="auto", rng=1)
+    assert list(model.controls) == [(16, 2)] and first.stats.lookahead_counts.get(1, 0) >= 1
+    ctl = model.controls[(16, 2)]
+    rounds = ctl.rounds
+    second = speculative_simulate(model, x0, 30, lookahead="auto", rng=2)
+    assert model.controls[(16, 2)] is ctl and ctl.rounds > rounds  # the same control, continued
+    assert ctl.call or ctl.plain_step  # its measurements survive the runs
+    speculative_simulate(model, x0[:1], 5, lookahead="auto", rng=3)  # another width: its own control
+    assert set(model.controls) == {(16, 2), (16, 1)}
+    speculative_simulate(model, x0, 5, lookahead="auto", cost_ratio=0.1, rng=3)
+    speculative_simulate(model, x0, 5, lookahead=3, rng=3)
+    assert set(model.controls) == {(16, 2), (16, 1)}
+    assert second.positions.shape == first.positions.shape
