@@ -10,7 +10,9 @@ does not stop rows).
 
 Methods: ``plain`` (transformers ``generate``), ``prompt-lookup`` (transformers ``generate(
 prompt_lookup_num_tokens=10)``; batch 1 only: it refuses batches), ``ngram`` (ours, prompt lookup,
-verified exactly), ``suffix`` (ours: the suffix-tree draft, a store shared across requests), ``model``
+verified exactly), ``suffix`` (ours: the suffix-tree draft, a store shared across requests; ``suffix-auto``
+the same with ``lookahead="auto"``; ``suffix-k0``: ``lookahead=0``, plain decoding through the same loop
+and runtime: a token tree is scored through the general cache, not the lean Llama loop), ``model``
 (ours, the embedded draft model). Temperature 0 and 1; batch 1 and 8. Methods are interleaved per
 repeat; ratios are of times from the same repeat (medians).
 
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             "model": SpeculativeGenerator(target, draft, lookahead=4, tokenizer=tok)}
     try:
         ours["suffix"] = SpeculativeGenerator(target, "suffix", tokenizer=tok)
+        ours["suffix-auto"] = SpeculativeGenerator(target, "suffix", tokenizer=tok, lookahead="auto")
+        ours["suffix-k0"] = SpeculativeGenerator(target, "suffix", tokenizer=tok, lookahead=0)
     except (ValueError, TypeError) as err:
         print(f"suffix draft unavailable: {err}", file=sys.stderr)
 
@@ -106,21 +110,29 @@ def main(argv: list[str] | None = None) -> int:
                               pad_token_id=pad, **kw, **extra)
         return out.shape[0] * (out.shape[1] - L)
 
-    def speculative(gen):
+    seen: dict[str, list] = {}  # method -> the Stats of its calls in the current setting
+
+    def speculative(gen, name):
         def go(rows, temperature):
             out = gen.generate(rows, max_new_tokens=args.new_tokens, temperature=temperature, eos_token_id=[], rng=0)
+            seen.setdefault(name, []).append(out.stats)
             return sum(len(t) for t in out.new_tokens)
         return go
 
     methods = {"plain": lambda r, t: hf(r, t, {}),
                "prompt-lookup": lambda r, t: hf(r, t, {"prompt_lookup_num_tokens": 10})}
-    methods.update({name: speculative(g) for name, g in ours.items()})
+    methods.update({name: speculative(g, name) for name, g in ours.items()})
     results = []
     for temperature in (0.0, 1.0):
         for batch in (1, 8):
             # turn 1: the edit request; turn 2: the same request with turn 1's output in the prompt
             if "suffix" in ours:  # the store starts empty for each setting; it fills as the loop runs
-                methods["suffix"] = speculative(SpeculativeGenerator(target, "suffix", tokenizer=tok))
+                methods["suffix"] = speculative(SpeculativeGenerator(target, "suffix", tokenizer=tok), "suffix")
+                methods["suffix-auto"] = speculative(
+                    SpeculativeGenerator(target, "suffix", tokenizer=tok, lookahead="auto"), "suffix-auto")
+                methods["suffix-k0"] = speculative(
+                    SpeculativeGenerator(target, "suffix", tokenizer=tok, lookahead=0), "suffix-k0")
+            seen.clear()
             reqs = []
             for i, src in enumerate(srcs[:batch]):
                 reqs.append(ids(tok, first_turn(src, i)))
@@ -142,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             base = statistics.median(per["plain"])
             row = {"temperature": temperature, "batch": batch,
                    "tokens_per_s": {m: statistics.median(v) for m, v in per.items() if v},
-                   "over_plain": {m: statistics.median(v) / base for m, v in per.items() if v}, "errors": errors}
+                   "over_plain": {m: statistics.median(v) / base for m, v in per.items() if v}, "errors": errors,
+                   "alpha": {m: _alpha(v) for m, v in seen.items()},
+                   "tokens_per_call": {m: sum(s.emitted for s in v) / max(sum(s.row_rounds for s in v), 1)
+                                       for m, v in seen.items()}}
             results.append(row)
             print(temperature, batch, {m: f"{v:.2f}x" for m, v in row["over_plain"].items()}, errors, flush=True)
     cmd = command(argv, __file__)
@@ -160,6 +175,19 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{r['tokens_per_s'][m]:.0f} ({r['over_plain'][m]:.2f}x)" if m in r["tokens_per_s"]
                  else "refused" for m in names]
         md.append(f"| {r['temperature']:g} | {r['batch']} | " + " | ".join(cells) + " |")
+    if "suffix-k0" in names:
+        md += ["", "Auto against plain decoding through the same loop (suffix-auto / suffix-k0; goal >= 0.98): "
+               + ", ".join(f"T {r['temperature']:g} batch {r['batch']}: "
+                           f"{r['tokens_per_s']['suffix-auto'] / r['tokens_per_s']['suffix-k0']:.2f}x"
+                           for r in results if "suffix-auto" in r["tokens_per_s"]) + "."]
+    ours_names = [m for m in names if m in ours]
+    md += ["", "Our methods' acceptance: alpha (accepted / (accepted + rejections)) / tokens per target call "
+           "(per row and round).", "",
+           "| temperature | batch | " + " | ".join(ours_names) + " |", "|---|---|" + "---|" * len(ours_names)]
+    for r in results:
+        cells = [f"{r['alpha'][m]:.2f} / {r['tokens_per_call'][m]:.2f}" if m in r["alpha"] else "-"
+                 for m in ours_names]
+        md.append(f"| {r['temperature']:g} | {r['batch']} | " + " | ".join(cells) + " |")
     errs = {m: e for r in results for m, e in r["errors"].items()}
     if errs:
         md += ["", "Refusals: " + "; ".join(f"{m}: {e}" for m, e in errs.items())]
@@ -167,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
           "\n".join(md))
     print("\n".join(md))
     return 0
+
+
+def _alpha(stats: list) -> float:
+    acc = sum(s.accepted for s in stats)
+    rej = sum(s.rejections for s in stats)
+    return acc / (acc + rej) if acc + rej else float("nan")
 
 
 if __name__ == "__main__":
