@@ -12,7 +12,9 @@ Methods: ``plain`` (transformers ``generate``), ``prompt-lookup`` (transformers 
 prompt_lookup_num_tokens=10)``; batch 1 only: it refuses batches), ``ngram`` (ours, prompt lookup,
 verified exactly), ``suffix`` (ours: the suffix-tree draft, a store shared across requests; ``suffix-auto``
 the same with ``lookahead="auto"``; ``suffix-k0``: ``lookahead=0``, plain decoding through the same loop
-and runtime: a token tree is scored through the general cache, not the lean Llama loop), ``model``
+and runtime: a token tree is scored through the general cache, not the lean Llama loop; ``suffix+model``:
+``draft=["suffix", model]``, the suffix draft's chains or the draft model, chosen per row and round,
+lookahead 4), ``model``
 (ours, the embedded draft model). Temperature 0 and 1; batch 1 and 8. Methods are interleaved per
 repeat; ratios are of times from the same repeat (medians).
 
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         ours["suffix"] = SpeculativeGenerator(target, "suffix", tokenizer=tok)
         ours["suffix-auto"] = SpeculativeGenerator(target, "suffix", tokenizer=tok, lookahead="auto")
         ours["suffix-k0"] = SpeculativeGenerator(target, "suffix", tokenizer=tok, lookahead=0)
+        ours["suffix+model"] = SpeculativeGenerator(target, ["suffix", draft], tokenizer=tok, lookahead=4)
     except (ValueError, TypeError) as err:
         print(f"suffix draft unavailable: {err}", file=sys.stderr)
 
@@ -132,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                     SpeculativeGenerator(target, "suffix", tokenizer=tok, lookahead="auto"), "suffix-auto")
                 methods["suffix-k0"] = speculative(
                     SpeculativeGenerator(target, "suffix", tokenizer=tok, lookahead=0), "suffix-k0")
+                methods["suffix+model"] = speculative(
+                    SpeculativeGenerator(target, ["suffix", draft], tokenizer=tok, lookahead=4), "suffix+model")
             seen.clear()
             reqs = []
             for i, src in enumerate(srcs[:batch]):

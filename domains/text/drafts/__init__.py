@@ -7,7 +7,8 @@ lookup; over the source too for encoder-decoders), ``suffix.py`` (token trees fr
 of the longest earlier match, in the row and in a shared store of earlier outputs), ``seq2seq.py``
 (an encoder-decoder target's draft models), ``medusa.py`` and ``eagle.py`` (drafts on the target:
 Medusa heads, the EAGLE-style feature draft; what they share in ``on_target.py``) and ``trees.py``
-(token-tree shapes, grown level by level).
+(token-tree shapes, grown level by level); ``per_row.py`` (a list of chain drafts, one chosen per row
+and round from its past: :class:`PerRowDraft`).
 
 >>> from speculate.domains.text.conformance import tiny_llama
 >>> draft = make_draft("ngram:2", tiny_llama(vocab=12))
@@ -17,5 +18,6 @@ Medusa heads, the EAGLE-style feature draft; what they share in ``on_target.py``
 
 from .base import Draft, Drafted, DraftedTree, DraftOptions
 from .factory import KINDS, make_draft, register_draft
+from .per_row import PerRowDraft
 
-__all__ = ["KINDS", "Draft", "DraftOptions", "Drafted", "DraftedTree", "make_draft", "register_draft"]
+__all__ = ["KINDS", "Draft", "DraftOptions", "Drafted", "DraftedTree", "PerRowDraft", "make_draft", "register_draft"]

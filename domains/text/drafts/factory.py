@@ -18,6 +18,7 @@ from .eagle import EagleDraft
 from .medusa import MedusaDraft
 from .model import EarlyExitDraft, ModelDraft
 from .ngram import NgramDraft
+from .per_row import PerRowDraft
 from .seq2seq import Seq2SeqDraft
 from .suffix import SuffixDraft
 
@@ -41,10 +42,18 @@ def register_draft(kind: type[Draft]) -> type[Draft]:
 def make_draft(draft: Any, target: Any, *, tree: Any = None, tokenizer: Any = None,
                draft_tokenizer: Any = None) -> Draft:
     """The draft for ``draft=`` (a causal LM, ``"ngram"``, ``"ngram:N"``, ``"suffix"``, ``"suffix:N"``,
-    ``"early-exit:N"``, ``MedusaHeads``, a ``FeatureDraft``, or a kind registered with :func:`register_draft`) and
+    ``"early-exit:N"``, ``MedusaHeads``, a ``FeatureDraft``, a kind registered with :func:`register_draft`, or a
+    list of chain drafts: :class:`~speculate.domains.text.drafts.per_row.PerRowDraft`, one chosen per row) and
     ``target``; for an encoder-decoder ``target``, their encoder-decoder counterparts."""
     if isinstance(draft, Draft):  # a draft object built by the caller
         return draft
+    if isinstance(draft, (list, tuple)):  # several kinds, one chosen per row and round
+        if tree is not None:
+            raise ValueError(f"tree= cannot be combined with a list of drafts (a per-row choice drafts chains), "
+                             f"got tree={tree!r}")
+        kinds = [make_draft(d, target, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer) for d in draft]
+        return PerRowDraft([d.as_chain() if isinstance(d, SuffixDraft) and d.spec is not None else d
+                            for d in kinds])
     options = DraftOptions(tree, tokenizer, draft_tokenizer)
     for kind in KINDS:
         made = kind.from_spec(draft, target, options)

@@ -447,6 +447,12 @@ class SuffixDraft(Draft):
     def default_lookahead(self) -> int:
         return self.max_nodes if self.spec is not None else min(self.max_nodes, 8)
 
+    def as_chain(self) -> SuffixDraft:
+        """The same draft (settings and store) proposing chains."""
+        return SuffixDraft(self.max_nodes, max_match=self.max_match, min_prob=self.min_prob,
+                           spec_factor=self.spec_factor, max_occurrences=self.max_occurrences,
+                           max_chain=self.max_chain, store=self.store, store_prompts=self.store_prompts, chain=True)
+
     # the request
     def reset(self, tokens: TokenBuffer, capacity: int, spare: int = 0) -> None:
         self._bufs = [tokens] * len(tokens.n)
