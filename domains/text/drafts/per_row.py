@@ -69,6 +69,7 @@ class PerRowDraft(Draft):
         J = len(self.kinds)
         self.gain = np.full((J, B), np.nan)  # [J, B] tokens per round (moving average; NaN: not tried)
         self.since = np.zeros((J, B), np.int64)  # [J, B] rounds since the kind last drafted the row
+        self.tries = np.zeros((J, B), np.int64)  # [J, B] rounds the kind drafted the row
 
     # the draft's on_device is the process's: refused, since q is merged on the host
     @property  # type: ignore[override]
@@ -89,7 +90,7 @@ class PerRowDraft(Draft):
     def select(self, keep: np.ndarray) -> None:
         for d in self.kinds:
             d.select(keep)
-        self.gain, self.since = self.gain[:, keep], self.since[:, keep]
+        self.gain, self.since, self.tries = self.gain[:, keep], self.since[:, keep], self.tries[:, keep]
 
     def release(self) -> None:
         for d in self.kinds:
@@ -109,6 +110,7 @@ class PerRowDraft(Draft):
             d.absorb(o)
         self.gain = np.concatenate([self.gain, other.gain], axis=1)  # type: ignore[attr-defined]
         self.since = np.concatenate([self.since, other.since], axis=1)  # type: ignore[attr-defined]
+        self.tries = np.concatenate([self.tries, other.tries], axis=1)  # type: ignore[attr-defined]
 
     def encode(self, inputs: Any, target_state: Any) -> None:
         for d in self.kinds:
@@ -130,11 +132,13 @@ class PerRowDraft(Draft):
     # the round
     def choose(self) -> np.ndarray:
         """Each row's kind this round ``[R]``, from its past rounds only: a kind never tried first (in
-        the order given), then one not chosen for ``explore`` rounds, else the most tokens per round."""
+        the order given), then one not chosen for ``explore`` rounds, else the most tokens per round plus
+        an optimism of ``1 / sqrt(tries)`` (a kind that had one unlucky round is not written off)."""
         gain, since = self.gain, self.since
         untried = np.isnan(gain)
         stale = since >= self.explore
-        best = np.argmax(np.where(untried, -np.inf, gain), axis=0)  # ties: the first kind
+        score = gain + 1.0 / np.sqrt(np.maximum(self.tries, 1))
+        best = np.argmax(np.where(untried, -np.inf, score), axis=0)  # ties: the first kind
         pick = np.where(stale.any(axis=0), np.argmax(stale, axis=0), best)
         return np.where(untried.any(axis=0), np.argmax(untried, axis=0), pick)
 
@@ -182,3 +186,4 @@ class PerRowDraft(Draft):
         self.gain[choice[used], cols[used]] = avg[used]
         self.since[:, used] += 1
         self.since[choice[used], cols[used]] = 0
+        self.tries[choice[used], cols[used]] += 1
