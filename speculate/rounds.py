@@ -337,11 +337,6 @@ class Lookahead:
         b = float((w * dk) @ (ts - tm) / ((w * dk) @ dk))
         return tm - b * km, max(b, 0.0), float(ts.min())
 
-    def _target_time(self, k: int) -> float:
-        """The target call's time at width k, from ``_width_line``."""
-        a, b, floor = self._width_line()
-        return max(a + b * k, floor)
-
     def _best(self, alpha: float, positive: bool = False) -> tuple[int, float]:
         step, rest = self.step or 0.0, self.rest or 0.0
         a, b, floor = self._width_line()  # one fit per decision, not one per candidate k

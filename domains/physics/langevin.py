@@ -150,6 +150,16 @@ class Recorder:
         self.positions[:, 0] = X0
         self.steps = np.arange(self.T, dtype=np.int64) * record_every
 
+    def due(self, steps: np.ndarray, n: np.ndarray) -> dict[int, np.ndarray]:
+        """The steps j of a stretch of ``n[i]`` steps from ``steps[i]`` after which rows are recorded
+        (``steps[i] + j + 1`` a multiple of ``every``), each with those rows (indices into ``steps``)."""
+        first = (-(steps + 1)) % self.every  # [R] the first j at which each row is recorded
+        due: dict[int, list[int]] = {}
+        for i in range(len(steps)):
+            for j in range(int(first[i]), int(n[i]), self.every):
+                due.setdefault(j, []).append(i)
+        return {j: np.array(v, np.int64) for j, v in due.items()}
+
     def record_block(
         self, rows: np.ndarray, steps: np.ndarray, E: np.ndarray, n: np.ndarray
     ) -> None:

@@ -136,7 +136,7 @@ class LangevinProcess:
         R, n_max = len(rows), int(n.max())
         keep = self.keep_outcomes or self.recorder.every == 1  # every step recorded: the block write
         out = np.empty((R, n_max, *X.shape[1:]), X.dtype) if keep else None  # [R, max n, N, d]
-        due = {} if keep else self._recorded(steps, n)  # j -> the rows (indices into rows) recorded after step j
+        due = {} if keep else self.recorder.due(steps, n)  # j -> the rows (indices into rows) recorded after step j
         ragged = bool((n < n_max).any())  # rows that stop early: gathers (all rows step together otherwise)
         act = np.arange(R)
         first = int(steps.min())  # a plain int: no array arithmetic per step
@@ -171,17 +171,6 @@ class LangevinProcess:
         self.X[rows] = X
         self.step[rows] += n
         return out, n, None
-
-    def _recorded(self, steps: np.ndarray, n: np.ndarray) -> dict[int, np.ndarray]:
-        """The steps j of a plain stretch after which rows are recorded (step + j + 1 a multiple of the
-        recorder's ``every``), each with those rows."""
-        every = self.recorder.every
-        first = (-(steps + 1)) % every  # [R] the first j at which each row is recorded
-        due: dict[int, list[int]] = {}
-        for i in range(len(steps)):
-            for j in range(int(first[i]), int(n[i]), every):
-                due.setdefault(j, []).append(i)
-        return {j: np.array(v, np.int64) for j, v in due.items()}
 
     def commit(self, rows: np.ndarray, proposal: Proposal, verdict: Verdict) -> tuple[np.ndarray, None]:
         ctx: Round = proposal.context
