@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..request.processors import as_transforms
 from .base import Draft, Drafted
 
 __all__ = ["PerRowDraft"]
@@ -146,6 +147,7 @@ class PerRowDraft(Draft):
                 rng: np.random.Generator, vocab: int) -> Drafted:
         R = len(rows)
         choice = self.choose()  # [R], decided before any kind draws
+        greedy = as_transforms(cfg).greedy  # greedy: no laws (the greedy rule)
         outcomes = np.zeros((R, k), np.int64)
         lengths = np.zeros(R, np.int64)
         q = None
@@ -160,7 +162,7 @@ class PerRowDraft(Draft):
             w = got.outcomes.shape[1]
             outcomes[mine, :w] = got.outcomes[mine]
             lengths[mine] = got.lengths[mine]
-            if not getattr(cfg, "greedy", False):
+            if not greedy:
                 if q is None:
                     q = np.zeros((R, k, vocab), np.float32)
                 if got.q is None:  # point masses at the drafted tokens
