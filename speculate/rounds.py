@@ -126,9 +126,9 @@ class Lookahead:
     (a width wide enough that the line does not miss a call that batches well), then k = 0 once, then the
     rule decides. While the rule says
     0, a round after every ``every`` rounds drafts the best positive k (a probe), so alpha and the costs stay
-    current. ``every`` starts at 8; after a probe that still says 0 it is set so that probes cost at most
-    PROBE_BUDGET of the time: the probe's measured loss (its seconds minus what plain steps would have
-    taken for its outcomes) over PROBE_BUDGET times a plain round's seconds, in 8..MAX_PROBE. A process
+    current. ``every`` is set so that probes cost at most PROBE_BUDGET of the time: the last probe's measured
+    loss (its seconds minus what plain steps would have taken for its outcomes; before any probe, the
+    measuring round's) over PROBE_BUDGET times a plain round's seconds, in 8..MAX_PROBE. A process
     with ``plain`` runs the rounds at 0 as stretches of plain steps. With ``cost_ratio=`` the rule is the
     textbook one, from alpha and that ratio alone (0 when no k pays; ``every`` doubles after each probe
     that still says 0), and a seeded run is reproducible.
@@ -174,6 +174,7 @@ class Lookahead:
         self.seen: dict[int, int] = {}  # k -> the round in which call[k] was last measured
         self.seen_plain = -(1 << 62)  # the round in which plain_step was last measured
         self.refreshing = False  # the next round is a refresh of the width-0 time
+        self.measured: tuple[float, float] | None = None  # a drafting round before k = 0 was: (seconds, outcomes)
 
     @classmethod
     def kept(cls, holder: dict, lookahead: int | str, max_lookahead: int, cost_ratio: float | None,
@@ -228,6 +229,8 @@ class Lookahead:
             plain = self._plain_round()
             if plain is not None:
                 self.loss = max(t_draft + t_target + t_rest - float(np.mean(n_acc + 1)) * plain, 0.0)
+        if not skip and k > 0 and self._plain_round() is None:  # measuring: its loss is known once k = 0 is
+            self.measured = (t_draft + t_target + t_rest, float(np.mean(n_acc + 1)))
         if not skip and t_target > 0:  # a run's first round's times hold one-off costs: skipped
             self.call[k] = self._ema(self.call.get(k), t_target, self.rounds - self.seen.get(k, self.rounds))
             self.seen[k] = self.rounds
@@ -263,6 +266,12 @@ class Lookahead:
             self.zeros, self.every, self.loss = 0, self.PROBE, None
             return best
         if probed:
+            self.every = self._probe_interval()
+        elif self.loss is None and self.measured is not None and self._plain_round():
+            # the first time the rule says 0: the measuring round lost as a probe would, so it spaces the
+            # first probe too (a fixed 8 rounds cost a fresh 100-step LJ run at N = 108 about 7%)
+            seconds, outcomes = self.measured
+            self.loss, self.measured = max(seconds - outcomes * self._plain_round(), 0.0), None
             self.every = self._probe_interval()
         self.zeros += 1
         if self.zeros >= self.every:
@@ -321,34 +330,49 @@ class Lookahead:
         or unlucky measurement does not steer the choice; a width's weight fades by FADE per round since it
         was last measured, so that old times (a shorter cache) yield to current ones; never below the
         cheapest measured call (the floor)."""
-        known = {k: (t, self.seen.get(k, self.rounds)) for k, t in self.call.items()}
-        if 0 not in known and self.plain_step is not None:  # a plain step bounds the call without drafts
-            known[0] = (self.plain_step, self.seen_plain)
+        known = [(k, t, self.seen.get(k, self.rounds)) for k, t in self.call.items()]  # (width, time, round)
+        if 0 not in self.call and self.plain_step is not None:  # a plain step bounds the call without drafts
+            known.append((0, self.plain_step, self.seen_plain))
         if not known:  # nothing measured yet
             return 0.0, 0.0, 0.0
-        ks = np.fromiter(known.keys(), np.float64, len(known))
-        ts = np.array([t for t, _ in known.values()])
-        if len(ks) == 1:
-            return float(ts[0]), 0.0, float(ts[0])
-        w = self.FADE ** np.minimum(self.rounds - np.array([r for _, r in known.values()], np.float64), 1e4)
-        w = w / w.sum()
-        km, tm = float(w @ ks), float(w @ ts)
-        dk = ks - km
-        b = float((w * dk) @ (ts - tm) / ((w * dk) @ dk))
-        return tm - b * km, max(b, 0.0), float(ts.min())
+        floor = min(t for _, t, _ in known)
+        if len(known) == 1:
+            return floor, 0.0, floor
+        # a handful of points: plain floats (numpy's per-call cost would exceed the arithmetic)
+        w = [self.FADE ** min(self.rounds - r, 10000) for _, _, r in known]
+        sw = sum(w)
+        km = sum(wi * k for wi, (k, _, _) in zip(w, known, strict=True)) / sw
+        tm = sum(wi * t for wi, (_, t, _) in zip(w, known, strict=True)) / sw
+        sxx = sxy = 0.0
+        for wi, (k, t, _) in zip(w, known, strict=True):  # centred: no cancellation when a weight is tiny
+            sxx += wi * (k - km) * (k - km)
+            sxy += wi * (k - km) * (t - tm)
+        b = sxy / sxx if sxx > 0 else 0.0
+        return tm - b * km, max(b, 0.0), floor
 
     def _best(self, alpha: float, positive: bool = False) -> tuple[int, float]:
         step, rest = self.step or 0.0, self.rest or 0.0
         a, b, floor = self._width_line()  # one fit per decision, not one per candidate k
         best, best_rate = 0, -1.0
+        if not 0.0 <= alpha <= 1.0:  # NaN too
+            raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+        power = alpha ** (1 if positive else 0)  # alpha^(k+1) / alpha, updated per k: no call per candidate
+        last = -1.0
         for k in range(1 if positive else 0, self.max + 1):
-            e = theory.expected_tokens(alpha, k)
+            power *= alpha
+            e = float(k + 1) if alpha == 1.0 else (1.0 - power) / (1.0 - alpha)  # theory.expected_tokens
             t = k * step + max(a + b * k, floor) + rest
             if k == 0 and self.plain_step is not None:  # the process's own plain path: what k = 0 costs
                 t = min(t, self.plain_step)
             r = e / t if t > 0 else float(k + 1)
             if r > best_rate * (1 + 1e-9):  # ties: the smaller k
                 best, best_rate = k, r
+            if k >= 1 and r < last:
+                # for k >= 1, e (concave in k) over t (convex: a maximum of lines) is quasi-concave, so
+                # once the rate falls it never rises again: the remaining k cannot win
+                break
+            if k >= 1:
+                last = r
         return best, best_rate
 
 
@@ -356,6 +380,8 @@ _Lookahead = Lookahead  # the name before it was public
 
 
 def _per_row(n: Any, n_rows: int) -> np.ndarray:
+    if type(n) is int and 0 <= n < 1 << 63:  # the common case, without the checks' numpy calls
+        return np.full(n_rows, n, np.int64)
     a = np.asarray(n)
     if a.ndim == 1 and a.size == 0:
         a = a.astype(np.int64)  # an empty list of counts, for no chains

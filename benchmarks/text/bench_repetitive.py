@@ -193,13 +193,57 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{r['alpha'][m]:.2f} / {r['tokens_per_call'][m]:.2f}" if m in r["alpha"] else "-"
                  for m in ours_names]
         md.append(f"| {r['temperature']:g} | {r['batch']} | " + " | ".join(cells) + " |")
+    bound = ceiling(target, [ids(tok, first_turn(src, i)) for i, src in enumerate(srcs)], args.new_tokens)
+    t1 = [r for r in results if r["temperature"] == 1.0 and "suffix" in r["tokens_per_call"]]
+    md += ["", "The ceiling at temperature 1 (the target's own samples of these requests): the mean mass of its "
+           f"most likely token is {bound[1]['mean_mass']:.2f} (of its 2 most likely: {bound[2]['mean_mass']:.2f}, "
+           f"4: {bound[4]['mean_mass']:.2f}). A draft that cost nothing and always proposed the most likely token "
+           f"would make {bound[1]['tokens_per_call']:.2f} tokens per target call (depth 16); a free tree with the 4 "
+           f"most likely tokens at every node at most {bound[4]['tokens_per_call']:.2f}. The suffix draft makes "
+           + ", ".join(f"{r['tokens_per_call']['suffix']:.2f} (batch {r['batch']}, alpha {r['alpha']['suffix']:.2f})"
+                       for r in t1)
+           + ": once a sample leaves the text it repeats, the store's continuations are not the target's likely "
+           "tokens."]
     errs = {m: e for r in results for m, e in r["errors"].items()}
     if errs:
         md += ["", "Refusals: " + "; ".join(f"{m}: {e}" for m, e in errs.items())]
-    write("text_repetitive" + ("_quick" if args.quick else ""), {"command": cmd, "rows": results, "machine": env},
+    write("text_repetitive" + ("_quick" if args.quick else ""), {"command": cmd, "rows": results, "machine": env,
+                                                                  "ceiling_t1": bound},
           "\n".join(md))
     print("\n".join(md))
     return 0
+
+
+def ceiling(target, rows: list[list[int]], new_tokens: int, seed: int = 0, depth: int = 16) -> dict:
+    """What any draft that costs nothing could reach at temperature 1 on these requests: along the
+    target's own samples (``generate``, T 1), the mass of its m most likely tokens at each position
+    (m = 1: the acceptance of a free chain that proposes the most likely token; m = 4: an upper bound
+    for a free tree with 4 children per node); tokens per target call of such a draft, depth <= 16,
+    are the mean over positions of 1 + a_i + a_i a_(i+1) + ... ."""
+    torch.manual_seed(seed)
+    out: dict = {}
+    masses: dict[int, list] = {1: [], 2: [], 4: []}
+    with torch.no_grad():
+        for r in rows:
+            x = torch.tensor([r])
+            y = target.generate(x, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, pad_token_id=0)
+            probs = target(y).logits[0, len(r) - 1:-1].float().softmax(-1)  # [new, V] the law of each new token
+            top = probs.topk(4, dim=-1).values.cumsum(-1)  # [new, 4]
+            for m in masses:
+                masses[m].append(top[:, m - 1].tolist())
+    for m, seqs in masses.items():
+        calls = []
+        for a in seqs:
+            for i in range(len(a)):
+                e, run = 1.0, 1.0
+                for j in range(i, min(i + depth, len(a))):
+                    run *= a[j]
+                    e += run
+                calls.append(e)
+        out[m] = {"mean_mass": statistics.fmean(v for a in seqs for v in a),
+                  "tokens_per_call": statistics.fmean(calls)}
+    return out
 
 
 def _alpha(stats: list) -> float:

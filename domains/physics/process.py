@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from speculate.domains.shared.gaussian_drift import DriftStats, Round, check_drafts, propose_round, score_batch
@@ -45,6 +46,8 @@ from .forces import evaluate_force, nonfinite_error, overflow_error, transition_
 from .langevin import Langevin, Recorder
 
 __all__ = ["LangevinProcess", "Round", "SimulationStats"]
+
+_UNSET = object()  # no draft memory built yet
 
 
 @dataclass
@@ -90,8 +93,16 @@ class LangevinProcess:
         self.X = X0.copy()  # [B, N, d] committed
         self.step = np.zeros(B, np.int64)
         self.draft = model.draft
-        self.memory = self.draft.start(X0)
+        self._memory: Any = _UNSET  # the draft's memory, started by the first drafting round
         self.scale = model.noise_scale
+
+    @property
+    def memory(self) -> Any:
+        """The draft's per-row memory (``Draft.start``), built when a round first drafts: a run that
+        ``lookahead="auto"`` keeps plain throughout never builds it."""
+        if self._memory is _UNSET:
+            self._memory = self.draft.start(self.X)
+        return self._memory
 
     def propose(
         self, rows: np.ndarray, k: int, branches: int, need: np.ndarray, rng: np.random.Generator
@@ -140,20 +151,21 @@ class LangevinProcess:
         ragged = bool((n < n_max).any())  # rows that stop early: gathers (all rows step together otherwise)
         act = np.arange(R)
         first = int(steps.min())  # a plain int: no array arithmetic per step
+        model, force, scale = self.model, self.model.force, self.scale
+        self.stats.target_configurations += int(n.sum())  # one exact force per row and step
         for j in range(n_max):
             if ragged:
                 act = np.flatnonzero(n > j)
             Xa = X[act] if ragged else X
-            F, finite = evaluate_force(self.model.force, Xa, who="force", steps=first + j)  # rows: see the errors
-            self.stats.target_configurations += len(act)
+            F, finite = evaluate_force(force, Xa, who="force", steps=first + j)  # rows: see the errors
             if not finite.all():
                 b = int(np.argmin(finite))
                 raise nonfinite_error("force", F, b, int(steps[act[b]] + j), int(rows[act[b]]))
-            M, ok = transition_means(self.model, Xa, F)
+            M, ok = transition_means(model, Xa, F)
             if not ok.all():
                 b = int(np.argmin(ok))
                 raise overflow_error(M, b, int(steps[act[b]] + j), int(rows[act[b]]))
-            new = M + self.scale * rng.standard_normal(M.shape)
+            new = M + scale * rng.standard_normal(M.shape)
             if ragged:
                 X[act] = new
             else:

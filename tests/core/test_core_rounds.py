@@ -106,8 +106,11 @@ def test_probes_are_spaced_by_their_measured_loss():
     ctl.update(np.array([4]), None, 4, t_draft=0.024, t_target=0.025)  # a draft step costs a plain step
     assert ctl.k == 0
     ctl.update_plain(1, 0.005)  # a plain step: 5 ms
-    assert ctl.k == 0 and ctl.plain_steps() == Lookahead.PROBE - 1
-    ctl.update_plain(7, 0.035)
+    # the measuring round lost as a probe would (49 ms for 5 outcomes, 25 ms plain): it spaces the first probe
+    first = int(np.ceil(0.024 / (Lookahead.PROBE_BUDGET * 0.005)))
+    assert ctl.k == 0 and ctl.loss == pytest.approx(0.024) and ctl.every == first
+    assert ctl.plain_steps() == first - 1
+    ctl.update_plain(first - 1, 0.005 * (first - 1))
     assert ctl.k >= 1 and ctl.probing  # the probe
     k = ctl.k
     ctl.update(np.array([k]), None, k, t_draft=0.006 * k, t_target=0.005 + 0.005 * k)
@@ -156,3 +159,33 @@ def test_the_time_without_drafts_is_measured_again_while_drafting_pays():
     assert 2 <= len(zeros) <= 4 and all(b - a > Lookahead.REFRESH for a, b in itertools.pairwise(zeros))
     a, _, _ = ctl._width_line()  # the intercept is the last refresh's time (5 ms before any: stale)
     assert a == pytest.approx(0.005 * (1 + zeros[-1] / 50), rel=0.15) and a > 0.015
+
+
+def test_the_rule_stops_searching_only_where_no_larger_k_can_win():
+    """``Lookahead._best`` stops at the first k >= 1 whose rate falls (expected tokens, concave in k, over
+    the round's time, convex in k, is quasi-concave): over random costs, acceptances and width lines it
+    picks what the exhaustive search over 0..max picks. Planting ``break`` at the first fall from k = 0
+    (a plain path cheaper than any width line) fails this."""
+    from speculate.rounds import Lookahead
+
+    rng = np.random.default_rng(5)
+    for _ in range(3000):
+        ctl = Lookahead("auto", int(rng.integers(1, 17)))
+        widths = rng.choice(np.arange(0, 9), size=int(rng.integers(1, 4)), replace=False)
+        ctl.call = {int(k): float(rng.uniform(1e-4, 1e-2)) * (1 + float(rng.uniform(0, 2)) * k) for k in widths}
+        ctl.seen = {int(k): int(rng.integers(0, 50)) for k in widths}
+        ctl.rounds = 60
+        ctl.step = float(rng.choice([0.0, rng.uniform(0, 5e-3)]))
+        ctl.rest = float(rng.uniform(0, 1e-3))
+        ctl.plain_step = float(rng.uniform(1e-4, 1e-2)) if rng.random() < 0.5 else None
+        alpha = float(rng.choice([0.0, 1.0, rng.uniform()]))
+        a, b, floor = ctl._width_line()
+        for positive in (False, True):
+            rates = []
+            for k in range(1 if positive else 0, ctl.max + 1):
+                t = k * ctl.step + max(a + b * k, floor) + ctl.rest
+                if k == 0 and ctl.plain_step is not None:
+                    t = min(t, ctl.plain_step)
+                rates.append(sp.theory.expected_tokens(alpha, k) / t)
+            best = int(np.argmax(np.array(rates) >= max(rates) / (1 + 1e-9))) + (1 if positive else 0)
+            assert ctl._best(alpha, positive)[0] == best, (alpha, positive, ctl.call, ctl.plain_step)
