@@ -7,6 +7,8 @@
 - A planted bug, choosing each row's kind after the kinds drew (the more confident first draft), is
   caught by the same test.
 - Greedy output equals plain greedy decoding; each row goes to the kind that serves it; bad input.
+- A kind that keeps losing for a row is re-tried less and less often (waits double up to MAX_WAIT),
+  and found again when it starts to win; new rows start with the kind that gained earlier rows most.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class _ChosenAfterTheDraws(PerRowDraft):
         for j, g in enumerate(got):
             m = choice == j
             out.outcomes[m], out.q[m], out.lengths[m] = g.outcomes[m], g.q[m], g.lengths[m]
-        return out._replace(state=(choice, [g.state for g in got], np.ones(len(got), bool)))
+        return out._replace(state=(choice, np.zeros(R, bool), [g.state for g in got], np.ones(len(got), bool)))
 
 
 def _kinds(make_llama):
@@ -55,7 +57,7 @@ def _kinds(make_llama):
 
 def _law_p(make_llama, kind=PerRowDraft):
     target = make_llama(eos=None)
-    draft = kind(_kinds(make_llama))
+    draft = kind(_kinds(make_llama), prior=False)  # every request tries both kinds: both drafts many rows
     gen = SpeculativeGenerator(target, draft, lookahead=3)
     cfg = SamplingConfig(temperature=1.0, top_k=3)
     seed = zlib.crc32(b"per-row")
@@ -112,3 +114,46 @@ def test_named_and_refused(make_llama):
             torch.tensor([[1, 2, 3]]), max_new_tokens=4, temperature=1.0)
     with pytest.raises(TypeError, match="Draft"):
         PerRowDraft([NgramDraft(2), "ngram"])
+
+
+def test_a_kind_that_keeps_losing_is_retried_less_and_less_often():
+    """Two kinds for one row: kind 1 gains 1 token per round, kind 0 three, for 3000 rounds; then they
+    swap. A fixed re-try every EXPLORE rounds spent about 3000 / 17 = 176 rounds on the loser; with the
+    waits doubling it spends at most a few dozen, and after the swap kind 1 leads again within
+    MAX_WAIT rounds and a few more."""
+    d = PerRowDraft([NgramDraft(2), NgramDraft(3)])
+    d._empty(1)
+    no_run = np.zeros(2, bool)  # the kinds' own states are not touched (nothing ran)
+
+    def play(rounds, gains):
+        picks = []
+        for _ in range(rounds):
+            choice, retry = d._choice()
+            picks.append(int(choice[0]))
+            d.advance((choice, retry, [None, None], no_run), np.array([1]), np.array([gains[choice[0]] - 1]))
+        return np.array(picks)
+
+    before = play(3000, {0: 3, 1: 1})
+    assert (before == 0).sum() > 2950 and 2 <= (before == 1).sum() <= 40, np.bincount(before)
+    assert d.wait[1, 0] == PerRowDraft.MAX_WAIT
+    after = play(3000, {0: 1, 1: 3})
+    first = int(np.argmax(after == 1))
+    assert first <= PerRowDraft.MAX_WAIT + 1 and (after[first + 50:] == 1).mean() > 0.97
+
+
+def test_new_rows_start_with_the_kind_that_gained_earlier_rows_most():
+    """With ``prior`` (the default) a new request's rows draft first with the kind that gained earlier
+    rows the most (here the second kind, which an untried-first order would not pick); without it, every
+    kind is tried afresh in the order given."""
+    no_run = np.zeros(2, bool)
+    for prior, first in ((True, 1), (False, 0)):
+        d = PerRowDraft([NgramDraft(2), NgramDraft(3)], prior=prior)
+        d._empty(3)
+        for _ in range(40):
+            choice, retry = d._choice()
+            gains = np.where(choice == 1, 4, 1)
+            d.advance((choice, retry, [None, None], no_run), np.ones(3, np.int64), gains - 1)
+        d._empty(2)  # a new request of two rows
+        assert d._choice()[0].tolist() == [first, first]
+        if prior:
+            assert d.prior[1] == pytest.approx(4.0) and 1.0 <= d.prior[0] < 1.5
