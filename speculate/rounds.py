@@ -128,7 +128,8 @@ class Lookahead:
     0, a round after every ``every`` rounds drafts the best positive k (a probe), so alpha and the costs stay
     current. ``every`` is set so that probes cost at most PROBE_BUDGET of the time: the last probe's measured
     loss (its seconds minus what plain steps would have taken for its outcomes; before any probe, the
-    measuring round's) over PROBE_BUDGET times a plain round's seconds, in 8..MAX_PROBE. A process
+    measuring round's, where no k would pay even at alpha = 1; else 8 rounds) over PROBE_BUDGET times a
+    plain round's seconds, in 8..MAX_PROBE. A process
     with ``plain`` runs the rounds at 0 as stretches of plain steps. With ``cost_ratio=`` the rule is the
     textbook one, from alpha and that ratio alone (0 when no k pays; ``every`` doubles after each probe
     that still says 0), and a seeded run is reproducible.
@@ -267,9 +268,11 @@ class Lookahead:
             return best
         if probed:
             self.every = self._probe_interval()
-        elif self.loss is None and self.measured is not None and self._plain_round():
-            # the first time the rule says 0: the measuring round lost as a probe would, so it spaces the
-            # first probe too (a fixed 8 rounds cost a fresh 100-step LJ run at N = 108 about 7%)
+        elif self.loss is None and self.measured is not None and self._plain_round() and self._hopeless():
+            # the first time the rule says 0, where no k would pay even if every draft were kept: the
+            # measuring round lost as a probe would, so it spaces the first probe too (a fixed 8 rounds
+            # cost a fresh 100-step LJ run at N = 108 about 7%). Elsewhere (a low alpha, or noisy first
+            # times) the first probe comes after PROBE rounds, so a misjudged start is soon undone.
             seconds, outcomes = self.measured
             self.loss, self.measured = max(seconds - outcomes * self._plain_round(), 0.0), None
             self.every = self._probe_interval()
@@ -278,6 +281,11 @@ class Lookahead:
             self.zeros, self.probing = 0, True
             return int(positive())
         return 0
+
+    def _hopeless(self) -> bool:
+        """No k >= 1 beats a plain round even at alpha = 1 (every draft kept), by the measured costs."""
+        plain = self._plain_round()
+        return bool(plain) and self._best(1.0, positive=True)[1] * plain < 1.0
 
     def _plain_round(self) -> float | None:
         """Seconds of a round at k = 0 (one step of every row): the plain path's step, else the measured

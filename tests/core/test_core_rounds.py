@@ -120,6 +120,15 @@ def test_probes_are_spaced_by_their_measured_loss():
     assert ctl.every == min(int(np.ceil(loss / (Lookahead.PROBE_BUDGET * 0.005))), Lookahead.MAX_PROBE)
     assert Lookahead("auto", 8, cost_ratio=2.0).plain_steps() >= 2**62  # no probe ever: one stretch
 
+    # a cheap draft that was rejected while measuring: drafting would pay at a higher alpha, so the
+    # measuring round's loss does not push the first probe out (a misjudged start is undone in 8 rounds)
+    ctl = Lookahead("auto", 8)
+    ctl.update(np.array([0]), None, 1, t_draft=1.0, t_target=1.0)  # rejected; its times are skipped
+    ctl.update(np.array([0]), None, 4, t_draft=0.008, t_target=0.0052)  # rejected: alpha 1/4; 2 ms a step
+    ctl.update_plain(1, 0.005)
+    assert ctl.k == 0 and ctl.every == Lookahead.PROBE and ctl.loss is None
+    assert not ctl._hopeless()  # at alpha = 1, k = 8 would make 9 tokens in 21 ms, plain 4.3
+
 
 def test_a_plain_path_does_not_cancel_drafting_that_pays():
     """Regression: with a process's plain path (k = 0 measured as plain steps, never as a target call at
