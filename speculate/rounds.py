@@ -362,24 +362,18 @@ class Lookahead:
         step, rest = self.step or 0.0, self.rest or 0.0
         a, b, floor = self._width_line()  # one fit per decision, not one per candidate k
         best, best_rate = 0, -1.0
-        if not 0.0 <= alpha <= 1.0:  # NaN too
-            raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-        power = alpha ** (1 if positive else 0)  # alpha^(k+1) / alpha, updated per k: no call per candidate
         last = -1.0
         for k in range(1 if positive else 0, self.max + 1):
-            power *= alpha
-            e = float(k + 1) if alpha == 1.0 else (1.0 - power) / (1.0 - alpha)  # theory.expected_tokens
+            e = theory.expected_tokens(alpha, k)
             t = k * step + max(a + b * k, floor) + rest
             if k == 0 and self.plain_step is not None:  # the process's own plain path: what k = 0 costs
                 t = min(t, self.plain_step)
             r = e / t if t > 0 else float(k + 1)
             if r > best_rate * (1 + 1e-9):  # ties: the smaller k
                 best, best_rate = k, r
-            if k >= 1 and r < last:
-                # for k >= 1, e (concave in k) over t (convex: a maximum of lines) is quasi-concave, so
-                # once the rate falls it never rises again: the remaining k cannot win
-                break
-            if k >= 1:
+            if k >= 1:  # e (concave in k) over t (convex: a maximum of lines) is quasi-concave for k >= 1:
+                if r < last:  # once the rate falls it never rises again, so no larger k can win
+                    break
                 last = r
         return best, best_rate
 
@@ -388,8 +382,6 @@ _Lookahead = Lookahead  # the name before it was public
 
 
 def _per_row(n: Any, n_rows: int) -> np.ndarray:
-    if type(n) is int and 0 <= n < 1 << 63:  # the common case, without the checks' numpy calls
-        return np.full(n_rows, n, np.int64)
     a = np.asarray(n)
     if a.ndim == 1 and a.size == 0:
         a = a.astype(np.int64)  # an empty list of counts, for no chains

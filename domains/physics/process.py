@@ -152,7 +152,6 @@ class LangevinProcess:
         act = np.arange(R)
         first = int(steps.min())  # a plain int: no array arithmetic per step
         model, force, scale = self.model, self.model.force, self.scale
-        self.stats.target_configurations += int(n.sum())  # one exact force per row and step
         for j in range(n_max):
             if ragged:
                 act = np.flatnonzero(n > j)
@@ -180,6 +179,7 @@ class LangevinProcess:
                 self.recorder.positions[rows[i], (steps[i] + j + 1) // self.recorder.every] = X[i]
         if keep:
             self.recorder.record_block(rows, steps, out, n)
+        self.stats.target_configurations += int(n.sum())  # one exact force per row and step taken
         self.X[rows] = X
         self.step[rows] += n
         return out, n, None
