@@ -84,6 +84,18 @@ def ids(tok, text: str) -> list[int]:
     return tok.encode_bytes(text.encode(), add_bos=True)
 
 
+def plain_generate(target, rows: list[list[int]], temperature: float, new_tokens: int, pad: int = 0,
+                   **extra) -> torch.Tensor:
+    """transformers' ``generate`` on left-padded ``rows``, exactly ``new_tokens`` new tokens per row
+    (``extra``: e.g. ``prompt_lookup_num_tokens``); the sequences ``[B, L + new_tokens]``."""
+    L = max(map(len, rows))
+    x = torch.tensor([[pad] * (L - len(r)) + r for r in rows])
+    m = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
+    kw = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+    return target.generate(x, attention_mask=m, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           pad_token_id=pad, **kw, **extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=96)
@@ -112,14 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"suffix draft unavailable: {err}", file=sys.stderr)
 
     def hf(rows, temperature, extra, new_tokens=None):
-        new_tokens = new_tokens or args.new_tokens
-        L = max(map(len, rows))
-        x = torch.tensor([[pad] * (L - len(r)) + r for r in rows])
-        m = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
-        kw = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
-        out = target.generate(x, attention_mask=m, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              pad_token_id=pad, **kw, **extra)
-        return out.shape[0] * (out.shape[1] - L)
+        n = new_tokens or args.new_tokens
+        plain_generate(target, rows, temperature, n, pad, **extra)
+        return len(rows) * n
 
     seen: dict[str, list] = {}  # method -> the Stats of its calls in the current setting
 
@@ -248,7 +255,6 @@ def shapes(args, argv) -> int:
     torch.set_num_threads(args.threads)
     target, _, tok = load_pair()
     rows = [ids(tok, first_turn(functions(1)[0], 0))]
-    x = torch.tensor(rows)
     gens = {name: SpeculativeGenerator(target, SuffixDraft(**kw), tokenizer=tok) for name, kw in SHAPES.items()}
     per: dict[str, list[float]] = {"plain": [], **{n: [] for n in gens}}
     calls: dict[str, list[float]] = {n: [] for n in gens}
@@ -259,8 +265,7 @@ def shapes(args, argv) -> int:
             n = 0
             for _ in range(2):  # the two turns; each generator's store keeps its earlier outputs
                 if name == "plain":
-                    target.generate(x, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=args.new_tokens,
-                                    min_new_tokens=args.new_tokens, pad_token_id=0)
+                    plain_generate(target, rows, 1.0, args.new_tokens)
                     n += args.new_tokens
                 else:
                     out = gens[name].generate(rows, max_new_tokens=args.new_tokens, temperature=1.0,
@@ -295,9 +300,7 @@ def ceiling(target, rows: list[list[int]], new_tokens: int, seed: int = 0, depth
     masses: dict[int, list] = {1: [], 2: [], 4: []}
     with torch.no_grad():
         for r in rows:
-            x = torch.tensor([r])
-            y = target.generate(x, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=new_tokens,
-                                min_new_tokens=new_tokens, pad_token_id=0)
+            y = plain_generate(target, [r], 1.0, new_tokens)
             probs = target(y).logits[0, len(r) - 1:-1].float().softmax(-1)  # [new, V] the law of each new token
             top = probs.topk(4, dim=-1).values.cumsum(-1)  # [new, 4]
             for m in masses:
