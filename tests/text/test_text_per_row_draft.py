@@ -6,7 +6,7 @@
   probability 0.99 (the suffix draft's harness: summed per-prompt chi-square).
 - A planted bug, choosing each row's kind after the kinds drew (the more confident first draft), is
   caught by the same test.
-- Greedy output equals plain greedy decoding; each row goes to the kind that serves it; bad input.
+- Greedy output equals plain greedy decoding, both kinds drafting; bad input.
 - A kind that keeps losing for a row is re-tried less and less often (waits double up to MAX_WAIT),
   and found again when it starts to win; new rows start with the kind that gained earlier rows most.
 """
@@ -85,7 +85,8 @@ def test_a_choice_that_reads_the_draws_is_caught(make_llama):
 
 def test_greedy_equals_plain_greedy_and_rows_find_their_kind(make_llama):
     """Row 0 repeats itself (the suffix draft's matches); row 1 does not. Greedy output is plain
-    greedy decoding's; each row drafts mostly with the kind that gains it the most."""
+    greedy decoding's, with drafts accepted and both kinds drafting. (Which kind a row settles on is
+    tested without a model below: the tiny random target's greedy text gains little from either.)"""
     target = make_llama(eos=None)
     prompts = [[1, 5, 7, 2, 1, 5, 7, 2, 1, 5, 7, 2, 1], [3, 9, 4, 6]]
     L = max(len(p) for p in prompts)
